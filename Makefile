@@ -1,0 +1,31 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.rlckpt-installed
+
+.PHONY: install demo test test-rgw bench clean
+
+install: $(STAMP)
+
+# torch==2.13.0 (the CPU build on this disk) goes in first: anything that depends on torch
+# installed before it would pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[s3,train,test,bench]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	bash scripts/demo.sh
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+# The store suite against a throwaway Ceph RADOS Gateway on 127.0.0.1 (installs Ceph from Debian).
+test-rgw: $(STAMP)
+	bash scripts/rgw.sh test
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis demo-run

@@ -1,0 +1,116 @@
+"""Exception hierarchy: every error rlckpt raises on purpose derives from RlckptError.
+
+Messages name the step, the path and the cause, so a user can act on them without a debugger.
+"""
+
+from __future__ import annotations
+
+
+class RlckptError(Exception):
+    """Base of every error rlckpt raises on purpose."""
+
+
+# --- store -------------------------------------------------------------------------------------
+
+
+class StoreError(RlckptError):
+    """A problem with the bundle store or a bundle in it."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store URL cannot be reached (bad bucket, no server, no permission)."""
+
+
+class InvalidPathError(StoreError, ValueError):
+    """A relative path inside a bundle is unsafe (``..``, absolute, backslash, empty)."""
+
+
+class InvalidStepError(StoreError, ValueError):
+    """A step is negative or not an integer."""
+
+
+class BundleExistsError(StoreError):
+    """A committed bundle for this step already exists (or another writer won the race)."""
+
+
+class UncommittedBundleError(StoreError):
+    """The bundle has no valid COMMIT marker, or does not exist: it must not be read."""
+
+
+class CorruptBundleError(StoreError):
+    """A committed bundle fails verification: names the file and what differs."""
+
+
+class TransactionStateError(StoreError):
+    """A transaction was used after commit/abort, or committed twice."""
+
+
+class UnsafeStoreError(StoreError):
+    """The server does not enforce create-exclusive writes, so exclusivity cannot be promised."""
+
+
+# --- data plane ----------------------------------------------------------------------------------
+
+
+class DataPlaneError(RlckptError):
+    """A data-plane (TransferQueue) operation failed or was refused."""
+
+
+class MissingSamplesError(DataPlaneError, KeyError):
+    """Rows asked for are not in the data plane; names the missing keys."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""
+
+
+class RestoreRefusedError(DataPlaneError):
+    """A data-plane restore was refused: the data plane was already touched, or a load failed."""
+
+
+# --- replay buffer -------------------------------------------------------------------------------
+
+
+class ReplayError(RlckptError):
+    """A replay-buffer index problem."""
+
+
+class InventoryMismatchError(ReplayError):
+    """The data plane's rows differ from the replay index; lists what is missing and extra."""
+
+
+class ReplayStateError(ReplayError):
+    """A replay index cannot be loaded: digest, partition, group size or schema mismatch."""
+
+
+# --- controller / checkpoint ------------------------------------------------------------------
+
+
+class CheckpointError(RlckptError):
+    """A save or restore of a whole run bundle failed."""
+
+
+class RestoreOrderError(CheckpointError):
+    """An object was built out of the asserted restore order."""
+
+
+# --- grpo ----------------------------------------------------------------------------------------
+
+
+class GRPOError(RlckptError):
+    """A problem in the tiny GRPO (policy, trainer, generation, dataloader)."""
+
+
+class InvalidBatchError(GRPOError, ValueError):
+    """Rollout rows or a training batch are malformed: names the field and what is wrong."""
+
+
+class TrainerStateError(GRPOError, CheckpointError):
+    """A saved trainer state cannot be loaded: wrong format, config, or tensor shapes."""
+
+
+class LoaderStateError(GRPOError, CheckpointError):
+    """A saved dataloader position does not fit this loader (seed, batch size or task differ)."""
+
+
+class WeightsNotSetError(GRPOError):
+    """A generation worker was asked to generate before it received any weights."""
