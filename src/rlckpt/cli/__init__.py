@@ -1,0 +1,1 @@
+"""The `rlckpt` command line: one module per subcommand, registered in `rlckpt.cli.main`."""

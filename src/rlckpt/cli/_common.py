@@ -1,0 +1,116 @@
+"""Pieces every subcommand shares: store arguments, --storage-options parsing, logging, sizes, exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from rlckpt.store import BundleStore
+
+EXIT_OK = 0
+EXIT_CORRUPT = 1
+EXIT_MISSING = 2
+EXIT_ERROR = 3
+EXIT_USAGE = 64  # sysexits EX_USAGE: argparse's usual 2 would collide with verify's "uncommitted"
+EXIT_INTERRUPTED = 130
+
+
+class UsageExitParser(argparse.ArgumentParser):
+    """ArgumentParser whose command-line errors exit with EXIT_USAGE instead of 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def storage_options_arg(text: str) -> dict[str, Any]:
+    """argparse type for --storage-options: a JSON object, e.g. '{"endpoint_url": "http://..."}'."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc.msg} at column {exc.colno}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {type(value).__name__}: {text!r}")
+    return value
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """URL, --storage-options and -v/--verbose: the options every store subcommand takes."""
+    parser.add_argument("url", metavar="URL", help="the store: a local path or an fsspec URL (s3://bucket/prefix, file://, memory://)")
+    parser.add_argument(
+        "--storage-options",
+        metavar="JSON",
+        type=storage_options_arg,
+        default=None,
+        help='fsspec options for the filesystem as a JSON object, e.g. \'{"endpoint_url": "http://127.0.0.1:7480"}\'',
+    )
+    add_verbose_argument(parser)
+
+
+def add_verbose_argument(parser: argparse.ArgumentParser) -> None:
+    """-v (info) / -vv (debug) logging to stderr."""
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log to stderr: -v info, -vv debug")
+
+
+def configure_logging(verbosity: int) -> None:
+    """Root logging to stderr: warnings by default, info with -v, debug with -vv (our loggers only)."""
+    level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr, force=True)
+    logging.getLogger("rlckpt").setLevel(level)
+
+
+def open_store(args: argparse.Namespace) -> BundleStore:
+    """The BundleStore named by the URL and --storage-options of a parsed command line."""
+    from rlckpt.store import BundleStore
+
+    return BundleStore(args.url, storage_options=args.storage_options)
+
+
+def format_size(nbytes: int | None) -> str:
+    """Human-readable binary size: 0 B, 1.5 KiB, 12.0 MiB ... ('-' when unknown)."""
+    if nbytes is None:
+        return "-"
+    size = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_time(value: Any) -> str:
+    """A timestamp (ISO string or unix seconds) as `YYYY-MM-DD HH:MM:SS` UTC ('-' when unknown)."""
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, (int, float)):
+        moment = datetime.fromtimestamp(value, tz=timezone.utc)
+    else:
+        try:
+            moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+        except ValueError:
+            return str(value)
+        if moment.tzinfo is not None:
+            moment = moment.astimezone(timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def render_table(headers: list[str], rows: list[list[str]], right_align: set[int] | None = None) -> str:
+    """A plain aligned text table (no dependency), numeric columns right-aligned."""
+    right_align = right_align or set()
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        parts = [c.rjust(w) if i in right_align else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        return "  ".join(parts).rstrip()
+
+    return "\n".join([line(headers), *(line(r) for r in rows)])
+
+
+def print_json(obj: Any) -> None:
+    """Stable, indented JSON on stdout (for scripts: `rlckpt ls URL --json | jq`)."""
+    print(json.dumps(obj, indent=2, sort_keys=True, default=str))

@@ -1,0 +1,69 @@
+"""`rlckpt ls URL`: every step-like thing in a store with its state, size, file count and creation time."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any
+
+from rlckpt.cli import _common
+
+EPILOG = """\
+examples:
+  rlckpt ls /data/run1
+  rlckpt ls s3://bucket/run1 --storage-options '{"endpoint_url": "http://127.0.0.1:7480"}'
+  rlckpt ls /data/run1 --json | jq '.[] | select(.state == "committed") | .step'
+
+Only bundles in state "committed" are ever resumed; the others are what a crashed or running
+writer left and `rlckpt gc` cleans up.
+"""
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "ls",
+        help="list the bundles of a store and their state",
+        description=(
+            "List every step found in a store, committed or not: step, state, size, files,\n"
+            "creation time. States: committed, corrupt, uncommitted, writing, stale."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common.add_common_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print a JSON list of records instead of a table")
+    parser.set_defaults(func=run)
+
+
+def entry_record(entry: Any) -> dict[str, Any]:
+    """A store entry as a plain dict (the --json form)."""
+    if dataclasses.is_dataclass(entry):
+        return dataclasses.asdict(entry)
+    return dict(vars(entry))
+
+
+def render(records: list[dict[str, Any]]) -> str:
+    """The human table: one row per entry, ascending step."""
+    rows = [
+        [
+            str(r.get("step")),
+            str(r.get("state")),
+            _common.format_size(r.get("size")),
+            "-" if r.get("files") is None else str(r.get("files")),
+            _common.format_time(r.get("created")),
+        ]
+        for r in records
+    ]
+    return _common.render_table(["STEP", "STATE", "SIZE", "FILES", "CREATED (UTC)"], rows, right_align={0, 2, 3})
+
+
+def run(args: argparse.Namespace) -> int:
+    store = _common.open_store(args)
+    records = [entry_record(e) for e in store.entries()]
+    if args.json:
+        _common.print_json(records)
+    elif records:
+        print(render(records))
+    else:
+        print(f"no bundles in {args.url}")
+    return _common.EXIT_OK

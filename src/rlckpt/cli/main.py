@@ -1,0 +1,94 @@
+"""Entry point of the `rlckpt` console script: builds the argparse tree and maps errors to exit codes.
+
+Adding a subcommand is one line: append its module to SUBCOMMANDS. A subcommand module exposes
+`add_parser(subparsers)`, which registers its parser and sets `func=<callable(args) -> int>`.
+Modules keep heavy imports (torch, ray, the store) inside their run function so `rlckpt --help`
+and `rlckpt ls` stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from rlckpt.cli import _common
+from rlckpt.errors import CorruptBundleError, RlckptError, UncommittedBundleError
+
+# One line per subcommand, in the order `rlckpt --help` lists them.
+SUBCOMMANDS: tuple[str, ...] = (
+    "rlckpt.cli.ls",
+    "rlckpt.cli.verify",
+    "rlckpt.cli.gc",
+)
+
+EPILOG = """\
+examples:
+  rlckpt ls /data/run1
+  rlckpt ls s3://bucket/run1 --json
+  rlckpt verify s3://bucket/run1 --step 200
+  rlckpt gc /data/run1 --keep-last 3 --dry-run
+
+exit codes: 0 ok, 1 corrupt bundle, 2 uncommitted or missing bundle, 3 other error
+(store unreachable, bad input), 64 bad command line, 130 interrupted.
+Run `rlckpt COMMAND --help` for the options of one command.
+"""
+
+log = logging.getLogger("rlckpt.cli")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser: global options plus every module in SUBCOMMANDS."""
+    parser = _common.UsageExitParser(
+        prog="rlckpt",
+        description="Transactional checkpoints for RL post-training runs: inspect, verify and clean a bundle store.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_common.UsageExitParser)
+    for module_name in SUBCOMMANDS:
+        importlib.import_module(module_name).add_parser(subparsers)
+    return parser
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("rlckpt")
+    except Exception:  # not installed (running from a source tree)
+        return "unknown"
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """The documented exit code for an error that escaped a subcommand."""
+    if isinstance(exc, CorruptBundleError):
+        return _common.EXIT_CORRUPT
+    if isinstance(exc, UncommittedBundleError):
+        return _common.EXIT_MISSING
+    return _common.EXIT_ERROR
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse `argv` (default: sys.argv[1:]), run the subcommand and return its exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _common.configure_logging(getattr(args, "verbose", 0))
+    try:
+        return int(args.func(args))
+    except RlckptError as exc:
+        log.debug("%s failed", args.command, exc_info=True)
+        print(f"rlckpt {args.command}: error: {exc}", file=sys.stderr)
+        return exit_code_for(exc)
+    except KeyboardInterrupt:
+        print(f"rlckpt {args.command}: interrupted", file=sys.stderr)
+        return _common.EXIT_INTERRUPTED
+    except BrokenPipeError:  # `rlckpt ls ... | head`
+        return _common.EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""`rlckpt verify URL`: check a bundle's marker, manifest and every file digest; the exit code says the verdict."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rlckpt.cli import _common
+from rlckpt.errors import CorruptBundleError, UncommittedBundleError
+
+# Bundles at least this large get a progress bar (on stderr, only when stderr is a terminal
+# unless --progress forces it).
+PROGRESS_MIN_BYTES = 64 << 20
+
+EPILOG = """\
+examples:
+  rlckpt verify /data/run1                 # the newest committed bundle
+  rlckpt verify s3://bucket/run1 --step 200
+  rlckpt verify /data/run1 --all --json
+
+exit codes: 0 every checked bundle is valid, 1 a bundle is corrupt (the message names the file
+and what differs), 2 the step is uncommitted or missing (or the store has no committed bundle),
+3 the store could not be read.
+"""
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """The verdict on one step: status is valid, corrupt, uncommitted or missing."""
+
+    step: int
+    status: str
+    files: int | None = None
+    size: int | None = None
+    error: str | None = None
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "verify",
+        help="verify a bundle's files against its manifest",
+        description=(
+            "Verify a committed bundle: COMMIT marker, manifest digest, then the size and sha256\n"
+            "of every file. Without --step: the newest committed bundle (the one a resume loads)."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common.add_common_arguments(parser)
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, metavar="N", help="verify this step (default: the newest committed one)")
+    which.add_argument("--all", action="store_true", help="verify every step that has a COMMIT marker")
+    parser.add_argument("--json", action="store_true", help="print the verdicts as JSON on stdout")
+    bar = parser.add_mutually_exclusive_group()
+    bar.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show the progress bar")
+    bar.add_argument("--no-progress", dest="progress", action="store_false", help="never show the progress bar")
+    parser.set_defaults(func=run)
+
+
+def exit_code(results: list[VerifyResult]) -> int:
+    """1 if anything is corrupt, else 2 if anything is uncommitted/missing, else 0."""
+    statuses = {r.status for r in results}
+    if "corrupt" in statuses:
+        return _common.EXIT_CORRUPT
+    if statuses & {"uncommitted", "missing"} or not results:
+        return _common.EXIT_MISSING
+    return _common.EXIT_OK
+
+
+def _show_progress(forced: bool | None, total: int) -> bool:
+    if forced is not None:
+        return forced
+    return total >= PROGRESS_MIN_BYTES and sys.stderr.isatty()
+
+
+def _verify_bundle(bundle: Any, step: int, progress: bool | None) -> None:
+    """bundle.verify(), with a tqdm bar over stored bytes for large bundles."""
+    total = bundle.manifest.total_size
+    if not _show_progress(progress, total):
+        bundle.verify()
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"step {step}", file=sys.stderr, leave=False) as bar:
+        bundle.verify(progress=bar.update)
+
+
+def _missing_or_uncommitted(store: Any, step: int) -> str:
+    return "uncommitted" if any(e.step == step for e in store.entries()) else "missing"
+
+
+def verify_step(store: Any, step: int, progress: bool | None) -> VerifyResult:
+    """Open and fully verify one step, turning the store's refusals into a verdict."""
+    try:
+        bundle = store.open(step)
+        _verify_bundle(bundle, step, progress)
+    except CorruptBundleError as exc:
+        return VerifyResult(step, "corrupt", error=str(exc))
+    except UncommittedBundleError as exc:
+        return VerifyResult(step, _missing_or_uncommitted(store, step), error=str(exc))
+    manifest = bundle.manifest
+    return VerifyResult(step, "valid", files=len(manifest.files), size=manifest.total_size)
+
+
+def _steps_to_check(store: Any, args: argparse.Namespace) -> list[int]:
+    if args.step is not None:
+        return [args.step]
+    if args.all:  # also the ones whose COMMIT fails its checks: steps() hides those
+        return [e.step for e in store.entries() if e.state in ("committed", "corrupt")]
+    latest = store.latest()
+    return [] if latest is None else [latest]
+
+
+def _describe(result: VerifyResult) -> str:
+    if result.status == "valid":
+        return f"step {result.step}: valid ({result.files} files, {_common.format_size(result.size)})"
+    return f"step {result.step}: {result.status.upper()}: {result.error}"
+
+
+def run(args: argparse.Namespace) -> int:
+    store = _common.open_store(args)
+    steps = _steps_to_check(store, args)
+    results = [verify_step(store, step, args.progress) for step in steps]
+    code = exit_code(results)
+    if args.json:
+        _common.print_json({"url": args.url, "exit_code": code, "results": [asdict(r) for r in results]})
+    elif not results:
+        print(f"rlckpt verify: no committed bundle in {args.url}", file=sys.stderr)
+    for result in results if not args.json else []:
+        stream = sys.stdout if result.status == "valid" else sys.stderr
+        print(_describe(result), file=stream)
+    return code
