@@ -1,0 +1,74 @@
+"""Deterministic shuffled prompt batches over epochs, with an exactly resumable position."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+from rlckpt.errors import LoaderStateError
+from rlckpt.grpo.task import DigitSumTask, Prompt
+
+
+class PromptLoader:
+    """Endless batches of prompts: each epoch is a seeded permutation of the task's prompts.
+
+    Batches are always full and may straddle an epoch boundary, so every prompt is seen exactly
+    once per epoch. The position is (epoch, index in that epoch's permutation); saving and loading
+    it continues the stream exactly.
+    """
+
+    def __init__(self, task: DigitSumTask, batch_size: int, seed: int = 0) -> None:
+        if batch_size < 1:
+            raise ValueError(f"PromptLoader batch_size must be >= 1, got {batch_size}")
+        self.task = task
+        self.batch_size = batch_size
+        self.seed = seed
+        self.epoch = 0
+        self.position = 0
+        self._order: list[int] = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        order = list(range(self.task.num_prompts))
+        random.Random(f"prompt-loader:{self.seed}:{epoch}").shuffle(order)
+        return order
+
+    def next_batch(self) -> list[Prompt]:
+        """The next ``batch_size`` prompts, advancing the position."""
+        batch: list[Prompt] = []
+        while len(batch) < self.batch_size:
+            if self.position == len(self._order):
+                self.epoch += 1
+                self.position = 0
+                self._order = self._permutation(self.epoch)
+            batch.append(self.task.prompt(self._order[self.position]))
+            self.position += 1
+        return batch
+
+    def __iter__(self) -> Iterator[list[Prompt]]:
+        return self
+
+    def __next__(self) -> list[Prompt]:
+        return self.next_batch()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain ints only, so it round-trips through ``torch.load(weights_only=True)`` or JSON."""
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "num_prompts": self.task.num_prompts,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a saved position; refuses a state from a different seed, batch size or task."""
+        expected = {"seed": self.seed, "batch_size": self.batch_size, "num_prompts": self.task.num_prompts}
+        found = {key: state.get(key) for key in expected}
+        if found != expected:
+            raise LoaderStateError(f"dataloader state was saved for {found}, this loader is {expected}")
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if epoch < 0 or not 0 <= position <= self.task.num_prompts:
+            raise LoaderStateError(f"dataloader state has invalid epoch={epoch} position={position}")
+        self.epoch, self.position = epoch, position
+        self._order = self._permutation(epoch)
