@@ -1,0 +1,116 @@
+"""A writable binary stream that hashes (and optionally compresses) bytes while passing them to storage."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Callable
+from typing import Any
+
+from .compression import StreamCompressor
+from .manifest import FileEntry
+
+
+class HashingWriter(io.RawIOBase):
+    """Write-only stream: logical bytes in, (compressed) stored bytes out to `raw`, sha256 of stored bytes kept.
+
+    `on_close(entry, ok)` is called once: with the FileEntry on a clean close, or with None after
+    `discard()` / an error, so the owner can commit or discard the underlying storage file.
+    """
+
+    def __init__(
+        self,
+        raw: Any,
+        relpath: str,
+        on_close: Callable[[HashingWriter, FileEntry | None], None],
+        compression: str | None = None,
+        level: int = 1,
+    ) -> None:
+        super().__init__()
+        self.raw = raw
+        self.relpath = relpath
+        self._on_close = on_close
+        self._compression = compression
+        self._compressor = StreamCompressor(level) if compression == "zstd" else None
+        self._hash = hashlib.sha256()
+        self._stored = 0
+        self._logical = 0
+        self._failed = False
+        self._finished = False
+        self.entry: FileEntry | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        if self._finished:
+            raise ValueError(f"write to closed bundle file {self.relpath!r}")
+        view = memoryview(data).cast("B")
+        try:
+            self._logical += len(view)
+            out = self._compressor.compress(view) if self._compressor else view
+            self._emit(out)
+        except BaseException:
+            self._failed = True
+            raise
+        return len(view)
+
+    def _emit(self, out: bytes | memoryview) -> None:
+        if len(out):
+            self._hash.update(out)
+            self.raw.write(out)
+            self._stored += len(out)
+
+    def discard(self) -> None:
+        """Drop what was written: the file will not be part of the bundle."""
+        if not self._finished:
+            self._failed = True
+            self.close()
+
+    def close(self) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        entry: FileEntry | None = None
+        try:
+            if not self._failed:
+                if self._compressor:
+                    self._emit(self._compressor.flush())
+                entry = FileEntry(
+                    size=self._stored,
+                    sha256=self._hash.hexdigest(),
+                    logical_size=self._logical,
+                    compression=self._compression,
+                )
+        finally:
+            super().close()
+            self.entry = entry
+            self._on_close(self, entry)
+
+    def __del__(self) -> None:  # an abandoned writer must never publish its file
+        if not self._finished:
+            self._failed = True
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001 - nothing sensible to do in a finalizer
+                pass
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None:
+            self.discard()
+        else:
+            self.close()
+
+
+def sha256_of_stream(stream: Any, chunk_size: int = 8 << 20, on_chunk: Callable[[int], None] | None = None) -> tuple[str, int]:
+    """Hex sha256 and byte count of everything readable from `stream`."""
+    digest = hashlib.sha256()
+    total = 0
+    while True:
+        chunk = stream.read(chunk_size)
+        if not chunk:
+            return digest.hexdigest(), total
+        digest.update(chunk)
+        total += len(chunk)
+        if on_chunk is not None:
+            on_chunk(len(chunk))

@@ -1,0 +1,66 @@
+"""Validation and naming of steps and bundle-relative paths (strict, so a manifest cannot escape its bundle)."""
+
+from __future__ import annotations
+
+import re
+
+from rlckpt.errors import InvalidPathError, InvalidStepError
+
+STEP_PREFIX = "step_"
+MANIFEST_NAME = "manifest.json"
+COMMIT_NAME = "COMMIT"
+RESERVED_NAMES = frozenset({MANIFEST_NAME, COMMIT_NAME})
+TXN_DIR = "_txn"
+TMP_DIR = "_tmp"
+PROBE_DIR = "_probe"
+
+_STEP_RE = re.compile(r"step_(0|[1-9][0-9]*)")
+
+
+def validate_step(step: object) -> int:
+    """Return `step` if it is a non-negative int (bool excluded); raise InvalidStepError otherwise."""
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise InvalidStepError(f"step must be a non-negative int, got {step!r} ({type(step).__name__})")
+    if step < 0:
+        raise InvalidStepError(f"step must be a non-negative int, got {step}")
+    return step
+
+
+def step_dirname(step: int) -> str:
+    """The directory/prefix name of a step: `step_<N>` without padding."""
+    return f"{STEP_PREFIX}{validate_step(step)}"
+
+
+def parse_step_dirname(name: str) -> int | None:
+    """The step of a `step_<N>` name, or None when the name is not exactly that form."""
+    match = _STEP_RE.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def validate_relpath(relpath: object, *, allow_reserved: bool = False) -> str:
+    """Return `relpath` if it is a safe POSIX relative path inside a bundle; raise InvalidPathError otherwise.
+
+    Refused: non-strings, empty, absolute, backslashes, NUL, `.`/`..`/empty segments, trailing slash,
+    and (unless allow_reserved) the reserved top-level names manifest.json and COMMIT.
+    """
+    if not isinstance(relpath, str):
+        raise InvalidPathError(f"relative path must be a str, got {relpath!r}")
+    if relpath == "":
+        raise InvalidPathError("relative path is empty")
+    if "\\" in relpath:
+        raise InvalidPathError(f"relative path {relpath!r} contains a backslash")
+    if "\x00" in relpath:
+        raise InvalidPathError(f"relative path {relpath!r} contains a NUL byte")
+    if relpath.startswith("/") or re.match(r"^[A-Za-z]:", relpath):
+        raise InvalidPathError(f"relative path {relpath!r} is absolute")
+    for part in relpath.split("/"):
+        if part in ("", ".", ".."):
+            raise InvalidPathError(f"relative path {relpath!r} has an empty, '.' or '..' segment")
+    if not allow_reserved and relpath in RESERVED_NAMES:
+        raise InvalidPathError(f"relative path {relpath!r} is reserved for the bundle's own metadata")
+    return relpath
+
+
+def join_relpath(prefix: str, name: str) -> str:
+    """Join two bundle-relative parts (prefix may be empty) and validate the result."""
+    return validate_relpath(f"{prefix.rstrip('/')}/{name}" if prefix else name)

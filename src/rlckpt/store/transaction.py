@@ -1,0 +1,188 @@
+"""BundleTransaction: stream files into a step, then commit (manifest + COMMIT) or abort (remove everything)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from rlckpt.errors import InvalidPathError, TransactionStateError
+
+from .compression import DEFAULT_LEVEL, check_compression
+from .digest import HashingWriter
+from .manifest import CommitMarker, FileEntry, Manifest, canonical_json, sha256_hex
+from .paths import join_relpath, step_dirname, validate_relpath
+
+if TYPE_CHECKING:
+    from .store import BundleStore
+
+log = logging.getLogger(__name__)
+
+COPY_CHUNK = 8 << 20
+
+
+class BundleTransaction:
+    """One save of one step. Leaving the `with` block without commit() (or with an exception) aborts."""
+
+    def __init__(self, store: BundleStore, step: int, txid: str) -> None:
+        self.store = store
+        self.step = step
+        self.txid = txid
+        self._step_dir = step_dirname(step)
+        self._data_root = store._backend.data_root(self._step_dir, txid)
+        self._files: dict[str, FileEntry] = {}
+        self._open: dict[str, HashingWriter] = {}
+        self._lock = threading.Lock()
+        self._state = "open"  # open -> committed | aborted
+
+    # --- context manager ----------------------------------------------------------------------
+    def __enter__(self) -> BundleTransaction:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self._state != "open":
+            return
+        try:
+            self.abort()
+        except Exception:
+            if exc_type is None:
+                raise
+            log.exception("abort of step %s (txid %s) failed after an error; gc will clean up", self.step, self.txid)
+
+    # --- writing ------------------------------------------------------------------------------
+    @property
+    def files(self) -> dict[str, FileEntry]:
+        """Files written so far (relpath -> entry)."""
+        with self._lock:
+            return dict(self._files)
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise TransactionStateError(f"transaction {self.txid} of step {self.step} is already {self._state}")
+
+    def _reserve(self, relpath: str) -> None:
+        """Refuse duplicates and file/directory clashes before any byte of `relpath` is written."""
+        taken = set(self._files) | set(self._open)
+        if relpath in taken:
+            raise InvalidPathError(f"{relpath!r} was already written in step {self.step}")
+        parts = relpath.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in taken:
+                raise InvalidPathError(f"{relpath!r} lies under {'/'.join(parts[:i])!r}, a file of step {self.step}")
+        prefix = relpath + "/"
+        if any(other.startswith(prefix) for other in taken):
+            raise InvalidPathError(f"{relpath!r} is a directory of other files in step {self.step}")
+
+    def open(self, relpath: str, compression: str | None = None, level: int = DEFAULT_LEVEL) -> BinaryIO:
+        """A writable binary stream for `relpath`; digest computed while streaming. Close it to keep the file."""
+        validate_relpath(relpath)
+        check_compression(compression)
+        with self._lock:
+            self._check_open()
+            self._reserve(relpath)
+            path = f"{self._data_root}/{relpath}"
+            raw = self.store._backend.open_write(path)
+            writer = HashingWriter(raw, relpath, self._on_close, compression=compression, level=level)
+            self._open[relpath] = writer
+        return writer  # type: ignore[return-value]
+
+    def _on_close(self, writer: HashingWriter, entry: FileEntry | None) -> None:
+        path = f"{self._data_root}/{writer.relpath}"
+        with self._lock:
+            self._open.pop(writer.relpath, None)
+            live = self._state == "open"
+        self.store._backend.finish_write(writer.raw, path, ok=entry is not None and live)
+        if entry is not None and live:
+            with self._lock:
+                self._files[writer.relpath] = entry
+
+    def write_bytes(self, relpath: str, data: bytes, compression: str | None = None) -> FileEntry:
+        """Write a whole file from memory."""
+        with self.open(relpath, compression=compression) as stream:
+            stream.write(data)
+        return self._files[relpath]
+
+    def put_file(self, relpath: str, local_path: str | os.PathLike[str], compression: str | None = None) -> FileEntry:
+        """Copy a local file into the bundle, hashing while streaming."""
+        with open(local_path, "rb") as src, self.open(relpath, compression=compression) as dst:
+            while chunk := src.read(COPY_CHUNK):
+                dst.write(chunk)
+        return self._files[relpath]
+
+    def put_dir(
+        self,
+        relpath: str,
+        local_dir: str | os.PathLike[str],
+        compression: str | None = None,
+        max_workers: int | None = None,
+    ) -> dict[str, FileEntry]:
+        """Copy every file under `local_dir` to `relpath/...` ('' = bundle root), many files in parallel."""
+        if relpath:
+            validate_relpath(relpath)
+        local_dir = os.fspath(local_dir)
+        if not os.path.isdir(local_dir):
+            raise NotADirectoryError(f"put_dir source {local_dir} is not a directory")
+        jobs: list[tuple[str, str]] = []
+        for dirpath, _dirs, names in os.walk(local_dir):
+            for name in sorted(names):
+                full = os.path.join(dirpath, name)
+                rel = os.path.relpath(full, local_dir).replace(os.sep, "/")
+                jobs.append((join_relpath(relpath, rel), full))
+        workers = max_workers or self.store.max_workers
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs) or 1))) as pool:
+            futures = [pool.submit(self.put_file, rel, full, compression) for rel, full in jobs]
+            results = [f.result() for f in futures]  # re-raises the first failure (others finish first)
+        return {rel: entry for (rel, _full), entry in zip(jobs, results, strict=True)}
+
+    # --- ending -------------------------------------------------------------------------------
+    def commit(self, metadata: dict[str, Any] | None = None) -> Manifest:
+        """Write manifest.json, then COMMIT (atomically visible); return the manifest."""
+        with self._lock:
+            self._check_open()
+            if self._open:
+                raise TransactionStateError(f"step {self.step}: files still open at commit: {sorted(self._open)}")
+            files = dict(self._files)
+        meta = dict(metadata or {})
+        canonical_json(meta)  # refuse non-JSON metadata before anything is published
+        manifest = Manifest(
+            step=self.step,
+            txid=self.txid,
+            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            files=files,
+            metadata=meta,
+        )
+        manifest_bytes = manifest.to_bytes()
+        marker = CommitMarker(step=self.step, txid=self.txid, manifest_sha256=sha256_hex(manifest_bytes))
+        try:
+            self.store._backend.publish(self._step_dir, self.txid, manifest_bytes, marker.to_bytes())
+        except BaseException:
+            try:
+                self.abort()
+            except Exception:  # noqa: BLE001 - the publish error is the one to report; gc cleans up
+                log.warning("abort after failed commit of step %s failed", self.step, exc_info=True)
+            raise
+        self._state = "committed"
+        self.store._release_intent(self.step, self.txid)
+        log.info("committed step %s (%d files, txid %s) at %s", self.step, len(files), self.txid, self.store.url)
+        return manifest
+
+    def abort(self) -> None:
+        """Remove everything this transaction wrote and its intent. Idempotent; refused after commit."""
+        with self._lock:
+            if self._state == "committed":
+                raise TransactionStateError(f"step {self.step} (txid {self.txid}) is committed; cannot abort")
+            if self._state == "aborted":
+                return
+            self._state = "aborted"
+            writers = list(self._open.values())
+        for writer in writers:
+            try:
+                writer.discard()
+            except Exception:  # noqa: BLE001 - the discard below removes what it left
+                log.warning("discarding open file %s of step %s failed", writer.relpath, self.step, exc_info=True)
+        self.store._backend.discard(self._step_dir, self.txid)
+        self.store._release_intent(self.step, self.txid)
+        log.info("aborted step %s (txid %s) at %s", self.step, self.txid, self.store.url)

@@ -1,0 +1,1 @@
+"""Test helpers and pytest plugins shared by the suite, benchmarks and scripts."""

@@ -1,0 +1,86 @@
+"""A fault-injecting wrapper around a real fsspec filesystem: counts storage calls and fails the k-th.
+
+Every method call on the filesystem and on the files it opens (write/read/flush/close/commit/discard)
+is one "storage call". `fail_at=k` makes call number k (1-based) raise InjectedFault; with
+`sticky=True` every later call fails too (a process that died at call k). The wrapped filesystem is
+real (local disk, s3fs): nothing of fsspec is mocked.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+FILE_METHODS = frozenset({"write", "read", "flush", "close", "commit", "discard", "readinto", "seek"})
+PASSTHROUGH = frozenset({"protocol", "root_marker", "sep", "_strip_protocol", "_parent", "split_path", "unstrip_protocol"})
+
+
+class InjectedFault(OSError):
+    """The failure a FaultyFileSystem injects."""
+
+
+class FaultPlan:
+    """Shared counter of storage calls and the rule for which one fails."""
+
+    def __init__(self, fail_at: int | None = None, sticky: bool = False) -> None:
+        self.fail_at = fail_at
+        self.sticky = sticky
+        self.calls: list[str] = []
+        self._lock = threading.Lock()
+
+    @property
+    def count(self) -> int:
+        return len(self.calls)
+
+    def tick(self, name: str) -> None:
+        with self._lock:
+            self.calls.append(name)
+            n = len(self.calls)
+        if self.fail_at is not None and (n == self.fail_at or (self.sticky and n > self.fail_at)):
+            raise InjectedFault(f"injected fault at storage call {n} ({name})")
+
+
+class _FaultyFile:
+    def __init__(self, inner: Any, plan: FaultPlan) -> None:
+        self._inner = inner
+        self._plan = plan
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if name in FILE_METHODS and callable(attr):
+            def call(*args: Any, **kwargs: Any) -> Any:
+                self._plan.tick(f"file.{name}")
+                return attr(*args, **kwargs)
+
+            return call
+        return attr
+
+    def __enter__(self) -> _FaultyFile:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close()
+
+
+class FaultyFileSystem:
+    """Proxy over a real fsspec filesystem that counts calls and fails according to a FaultPlan."""
+
+    def __init__(self, inner: Any, plan: FaultPlan | None = None) -> None:
+        self._inner = inner
+        self.plan = plan or FaultPlan()
+
+    @property
+    def inner(self) -> Any:
+        return self._inner
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if name in PASSTHROUGH or name.startswith("__") or not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.plan.tick(name)
+            result = attr(*args, **kwargs)
+            return _FaultyFile(result, self.plan) if name == "open" else result
+
+        return call
