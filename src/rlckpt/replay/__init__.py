@@ -1,0 +1,16 @@
+"""Replay layer: the group index over the data plane and the checkpoint barrier (no tensors here)."""
+
+from rlckpt.replay.barrier import BarrierStats, DataPlaneCheckpointBarrier
+from rlckpt.replay.buffer import ReplayBuffer, group_id_for
+from rlckpt.replay.records import SCHEMA_VERSION, GroupRecord, groups_digest, sample_id
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "BarrierStats",
+    "DataPlaneCheckpointBarrier",
+    "GroupRecord",
+    "ReplayBuffer",
+    "group_id_for",
+    "groups_digest",
+    "sample_id",
+]

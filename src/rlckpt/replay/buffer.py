@@ -1,0 +1,374 @@
+"""ReplayBuffer: the controller's index of which data-plane rows form which prompt group.
+
+Lifecycle of a group::
+
+    gid = buf.reserve(weight_version=v, target_step=k)      # generation starts (no data yet)
+    await buf.commit(gid, rows, start_weight=a, end_weight=b)  # rows -> data plane, index updated
+    groups = await buf.take(n, target_step=k)               # trainer takes ready groups
+    data = await buf.read_groups(groups)                    # dense tensors, group order
+    await buf.write_fields(gid, {"advantages": ...})        # extra column on the same rows
+    await buf.remove_group(gid)                             # after training: rows cleared
+
+Two ways to feed a trainer:
+
+* **in_order**: reserve every group of step ``k`` with ``weight_version=k, target_step=k``
+  (in a fixed order); the trainer calls ``take(n, target_step=k)``, which waits for exactly
+  those groups and returns them in reservation order, whatever order they finished in.
+* **async** (bounded staleness ``s``): reserve with ``target_step=None``; the trainer at
+  version ``v`` calls ``take(n, min_weight_version=v - s)``, which returns the ``n`` oldest
+  committed groups whose ``start_weight >= v - s``; ``evict_stale(v - s)`` drops older ones.
+
+Every data-plane write runs inside ``barrier.mutation()`` and updates the index in the same
+critical section, so a caller holding ``barrier.checkpoint()`` sees index and data plane agree.
+The index holds no tensors: rows are passed through to the data plane untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from rlckpt.errors import InventoryMismatchError, ReplayError, ReplayStateError
+from rlckpt.replay.barrier import DataPlaneCheckpointBarrier
+from rlckpt.replay.records import SCHEMA_VERSION, GroupRecord, groups_digest, sample_id
+
+logger = logging.getLogger(__name__)
+
+
+def group_id_for(seq: int) -> str:
+    """Group id of the ``seq``-th reservation; sorts in reservation order."""
+    return f"g{seq:08d}"
+
+
+class ReplayBuffer:
+    """Group index over a DataPlaneClient (any object with its async methods)."""
+
+    def __init__(
+        self,
+        data_plane: Any,
+        barrier: DataPlaneCheckpointBarrier,
+        *,
+        partition_id: str,
+        group_size: int,
+        max_groups: int | None = None,
+    ) -> None:
+        if group_size < 1:
+            raise ValueError(f"ReplayBuffer: group_size must be >= 1, got {group_size}")
+        self.data_plane = data_plane
+        self.barrier = barrier
+        self.partition_id = partition_id
+        self.group_size = group_size
+        self.max_groups = max_groups
+        self._groups: dict[str, GroupRecord] = {}  # insertion order == seq order
+        self._next_seq = 0
+        self._taken: set[str] = set()
+        self._busy: set[str] = set()  # groups with a commit/remove/write in progress
+        self._changed = asyncio.Event()
+
+    # --- inspection ----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def group(self, group_id: str) -> GroupRecord:
+        """The record of ``group_id`` (ReplayError if unknown)."""
+        try:
+            return self._groups[group_id]
+        except KeyError:
+            raise ReplayError(f"replay buffer (partition {self.partition_id!r}): unknown group {group_id!r}") from None
+
+    def groups(self) -> list[GroupRecord]:
+        """Every group, reserved or committed, in reservation order."""
+        return list(self._groups.values())
+
+    def pending_groups(self) -> list[GroupRecord]:
+        """Reserved groups without rows yet (after a restore: the ones to generate again)."""
+        return [g for g in self._groups.values() if not g.committed]
+
+    def ready_groups(
+        self, *, target_step: int | None = None, min_weight_version: int | None = None
+    ) -> list[GroupRecord]:
+        """Committed, not taken groups matching the filters, in reservation order."""
+        out = []
+        for g in self._groups.values():
+            if not g.committed or g.group_id in self._taken:
+                continue
+            if target_step is not None and g.target_step != target_step:
+                continue
+            if min_weight_version is not None and (g.start_weight or 0) < min_weight_version:
+                continue
+            out.append(g)
+        return out
+
+    def sample_ids(self) -> list[str]:
+        """Sorted data-plane keys of every committed group."""
+        return sorted(s for g in self._groups.values() for s in g.sample_ids)
+
+    def has_capacity(self) -> bool:
+        """True while another group may be reserved."""
+        return self.max_groups is None or len(self._groups) < self.max_groups
+
+    # --- producer side -------------------------------------------------------------------------
+
+    def reserve(self, weight_version: int, target_step: int | None = None) -> str:
+        """Reserve the next group id for a generation started at ``weight_version``."""
+        if not self.has_capacity():
+            raise ReplayError(
+                f"replay buffer (partition {self.partition_id!r}) is full: {len(self._groups)} groups "
+                f"of max {self.max_groups}; take/remove groups before reserving more"
+            )
+        gid = group_id_for(self._next_seq)
+        self._groups[gid] = GroupRecord(gid, self._next_seq, int(weight_version), target_step)
+        self._next_seq += 1
+        return gid
+
+    async def commit(
+        self,
+        group_id: str,
+        rows: Sequence[Mapping[str, Any]],
+        start_weight: int,
+        end_weight: int,
+    ) -> GroupRecord:
+        """Write a reserved group's rows (one mapping field->tensor per sample) and index them.
+
+        Runs inside ``barrier.mutation()``. On any failure (or cancellation) the rows already
+        written are cleared and the group stays reserved, so the caller may retry or remove it.
+        """
+        record = self._claim(group_id, "commit")
+        try:
+            if record.committed:
+                raise ReplayError(f"commit of group {group_id!r}: already committed")
+            if len(rows) != self.group_size:
+                raise ReplayError(f"commit of group {group_id!r}: {len(rows)} rows, group size is {self.group_size}")
+            names = list(rows[0])
+            if any(list(r) != names for r in rows):
+                raise ReplayError(f"commit of group {group_id!r}: rows have different field sets")
+            keys = [sample_id(group_id, i) for i in range(len(rows))]
+            fields = {name: [row[name] for row in rows] for name in names}
+            async with self.barrier.mutation():
+                try:
+                    await self.data_plane.put_samples(self.partition_id, keys, fields)
+                except BaseException:
+                    await self._rollback(group_id, keys)
+                    raise
+                record = replace(record, sample_ids=tuple(keys), start_weight=start_weight, end_weight=end_weight)
+                self._groups[group_id] = record
+        finally:
+            self._release(group_id)
+        self._notify()
+        return record
+
+    async def _rollback(self, group_id: str, keys: list[str]) -> None:
+        try:
+            await self.data_plane.clear_samples(self.partition_id, keys)
+        except BaseException as exc:  # keep the original error; the inventory check will catch leftovers
+            logger.error("rollback of group %s failed: %s: %s", group_id, type(exc).__name__, exc)
+
+    # --- consumer side -------------------------------------------------------------------------
+
+    async def take(
+        self,
+        count: int,
+        *,
+        target_step: int | None = None,
+        min_weight_version: int | None = None,
+    ) -> list[GroupRecord]:
+        """Wait until ``count`` ready groups match, mark them taken and return them (oldest first).
+
+        Taken groups stay in the index (and in checkpoints, as ready again) until removed.
+        Cancelling the wait takes nothing.
+        """
+        while True:
+            ready = self.ready_groups(target_step=target_step, min_weight_version=min_weight_version)
+            if len(ready) >= count:
+                chosen = ready[:count]
+                self._taken.update(g.group_id for g in chosen)
+                return chosen
+            await self._wait_for_change()
+
+    def untake(self, group_ids: Iterable[str]) -> None:
+        """Make taken groups ready again (e.g. the training step that took them failed)."""
+        for gid in group_ids:
+            self._taken.discard(gid)
+        self._notify()
+
+    async def read_groups(self, groups: Sequence[GroupRecord | str], fields: Sequence[str] | None = None) -> Any:
+        """Dense tensors of the groups' rows, concatenated in the given group order."""
+        keys = [s for g in groups for s in self.group(g if isinstance(g, str) else g.group_id).sample_ids]
+        return await self.data_plane.get_samples(self.partition_id, keys, fields)
+
+    async def write_fields(self, group_id: str, fields: Mapping[str, Any]) -> None:
+        """Add/overwrite columns (e.g. ``advantages``) on a committed group's rows, in a mutation."""
+        record = self._claim(group_id, "write_fields")
+        try:
+            if not record.committed:
+                raise ReplayError(f"write_fields on group {group_id!r}: not committed")
+            async with self.barrier.mutation():
+                await self.data_plane.put_samples(self.partition_id, list(record.sample_ids), fields)
+        finally:
+            self._release(group_id)
+
+    async def remove_group(self, group_id: str, clear_data_plane: bool = True) -> None:
+        """Drop a group from the index (and its rows from the data plane), in a mutation.
+
+        If clearing fails the group stays indexed and the error propagates.
+        """
+        record = self._claim(group_id, "remove_group")
+        try:
+            async with self.barrier.mutation():
+                if clear_data_plane and record.committed:
+                    await self.data_plane.clear_samples(self.partition_id, list(record.sample_ids))
+                del self._groups[group_id]
+                self._taken.discard(group_id)
+        finally:
+            self._release(group_id)
+        self._notify()
+
+    async def evict_stale(self, min_weight_version: int) -> list[str]:
+        """Remove committed, not taken groups with ``start_weight < min_weight_version``."""
+        stale = [
+            g.group_id
+            for g in self._groups.values()
+            if g.committed and g.group_id not in self._taken and (g.start_weight or 0) < min_weight_version
+        ]
+        removed = []
+        for gid in stale:
+            if gid in self._groups and gid not in self._busy:
+                await self.remove_group(gid)
+                removed.append(gid)
+        return removed
+
+    # --- checkpoint ----------------------------------------------------------------------------
+
+    def metadata_state_dict(self) -> dict[str, Any]:
+        """Index only (no tensors), with a sha256 digest of the canonical JSON of the groups.
+
+        Hold ``barrier.checkpoint()`` while capturing this and snapshotting the data plane.
+        Reserved-but-uncommitted groups are included (empty ``sample_ids``) so a resumed run
+        can generate them again under the same ids and order (``pending_groups()``).
+        """
+        groups = [g.to_json() for g in self._groups.values()]
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "partition_id": self.partition_id,
+            "group_size": self.group_size,
+            "next_seq": self._next_seq,
+            "groups": groups,
+            "digest": groups_digest(groups),
+        }
+
+    def load_state_dict(
+        self,
+        state: Mapping[str, Any],
+        *,
+        expected_digest: str,
+        expected_partition: str,
+        expected_group_size: int,
+        max_groups: int | None,
+    ) -> None:
+        """Install a saved index into this empty buffer; never touches the data plane.
+
+        Every mismatch (schema, digest, partition, group size, too many groups, malformed
+        groups) raises ReplayStateError naming both values. All groups come back not taken.
+        """
+        if self._groups or self._next_seq:
+            raise ReplayStateError(
+                f"load_state_dict: replay buffer (partition {self.partition_id!r}) is not empty "
+                f"({len(self._groups)} groups); load only into a new buffer"
+            )
+        self._check_state_header(state, expected_digest, expected_partition, expected_group_size)
+        records = self._parse_groups(state["groups"])
+        if max_groups is not None and len(records) > max_groups:
+            raise ReplayStateError(f"load_state_dict: {len(records)} groups saved, max_groups is {max_groups}")
+        next_seq = int(state["next_seq"])
+        if records and next_seq <= max(r.seq for r in records):
+            raise ReplayStateError(f"load_state_dict: next_seq {next_seq} does not follow the saved groups")
+        self._groups = {r.group_id: r for r in sorted(records, key=lambda r: r.seq)}
+        self._next_seq = next_seq
+        self._taken.clear()
+        self._notify()
+
+    def _check_state_header(
+        self, state: Mapping[str, Any], expected_digest: str, expected_partition: str, expected_group_size: int
+    ) -> None:
+        where = "load_state_dict"
+        missing = {"schema_version", "partition_id", "group_size", "next_seq", "groups", "digest"} - set(state)
+        if missing:
+            raise ReplayStateError(f"{where}: state lacks {sorted(missing)}")
+        if state["schema_version"] != SCHEMA_VERSION:
+            raise ReplayStateError(
+                f"{where}: schema version {state['schema_version']!r}, this code reads {SCHEMA_VERSION}"
+            )
+        actual = groups_digest(state["groups"])
+        if actual != state["digest"]:
+            raise ReplayStateError(f"{where}: groups digest {actual} != recorded digest {state['digest']}")
+        if actual != expected_digest:
+            raise ReplayStateError(f"{where}: groups digest {actual} != expected digest {expected_digest}")
+        if state["partition_id"] != expected_partition:
+            raise ReplayStateError(
+                f"{where}: saved partition {state['partition_id']!r} != expected {expected_partition!r}"
+            )
+        if state["partition_id"] != self.partition_id:
+            raise ReplayStateError(
+                f"{where}: saved partition {state['partition_id']!r} != this buffer's {self.partition_id!r}"
+            )
+        if state["group_size"] != expected_group_size or expected_group_size != self.group_size:
+            raise ReplayStateError(
+                f"{where}: saved group size {state['group_size']!r}, expected {expected_group_size}, "
+                f"this buffer's {self.group_size}"
+            )
+
+    def _parse_groups(self, raw: Any) -> list[GroupRecord]:
+        try:
+            records = [GroupRecord.from_json(g) for g in raw]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ReplayStateError(f"load_state_dict: malformed group record: {exc!r}") from exc
+        if len({r.group_id for r in records}) != len(records):
+            raise ReplayStateError("load_state_dict: duplicate group ids")
+        for r in records:
+            expected = (
+                tuple(sample_id(r.group_id, i) for i in range(self.group_size)) if r.committed else ()
+            )
+            if r.sample_ids != expected:
+                raise ReplayStateError(
+                    f"load_state_dict: group {r.group_id!r} has sample ids {list(r.sample_ids)[:4]}..., "
+                    f"expected {list(expected)[:4]}..."
+                )
+        return records
+
+    def validate_inventory(self, sample_ids: Iterable[str]) -> None:
+        """Raise InventoryMismatchError unless the stored ids equal the index's ids exactly."""
+        stored = set(sample_ids)
+        indexed = set(self.sample_ids())
+        missing = sorted(indexed - stored)
+        extra = sorted(stored - indexed)
+        if missing or extra:
+            raise InventoryMismatchError(
+                f"data plane partition {self.partition_id!r} disagrees with the replay index: "
+                f"{len(missing)} missing {missing[:20]}, {len(extra)} extra {extra[:20]}"
+            )
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _claim(self, group_id: str, op: str) -> GroupRecord:
+        record = self.group(group_id)
+        if group_id in self._busy:
+            raise ReplayError(f"{op} of group {group_id!r}: another operation on it is in progress")
+        self._busy.add(group_id)
+        return record
+
+    def _release(self, group_id: str) -> None:
+        self._busy.discard(group_id)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait_for_change(self) -> None:
+        await self._changed.wait()
+
+
+__all__ = ["ReplayBuffer", "group_id_for"]

@@ -1,0 +1,66 @@
+"""The replay index's records and their canonical (digestible) JSON form. No tensors here."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+def sample_id(group_id: str, index: int) -> str:
+    """Data-plane key of sample ``index`` of a group (the main job's ``f"{group_id}:{i}"``)."""
+    return f"{group_id}:{index}"
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """One prompt group in the index.
+
+    ``weight_version``: policy version when the group was reserved (generation started).
+    ``target_step``: the trainer step it is meant for (in-order mode), else None.
+    ``sample_ids``: empty while only reserved; the data-plane keys once committed.
+    ``start_weight``/``end_weight``: oldest/newest policy version that produced its tokens.
+    """
+
+    group_id: str
+    seq: int
+    weight_version: int
+    target_step: int | None
+    sample_ids: tuple[str, ...] = ()
+    start_weight: int | None = None
+    end_weight: int | None = None
+
+    @property
+    def committed(self) -> bool:
+        """True once the group's rows are in the data plane."""
+        return bool(self.sample_ids)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON-able dict (sample_ids as a list)."""
+        out = asdict(self)
+        out["sample_ids"] = list(self.sample_ids)
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GroupRecord:
+        """Inverse of to_json; raises KeyError/TypeError/ValueError on malformed input."""
+        target = data["target_step"]
+        return cls(
+            group_id=str(data["group_id"]),
+            seq=int(data["seq"]),
+            weight_version=int(data["weight_version"]),
+            target_step=None if target is None else int(target),
+            sample_ids=tuple(str(s) for s in data["sample_ids"]),
+            start_weight=None if data["start_weight"] is None else int(data["start_weight"]),
+            end_weight=None if data["end_weight"] is None else int(data["end_weight"]),
+        )
+
+
+def groups_digest(groups: Sequence[dict[str, Any]]) -> str:
+    """sha256 hex of the canonical JSON (sorted keys, no spaces, ASCII) of the group dicts."""
+    text = json.dumps(list(groups), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
