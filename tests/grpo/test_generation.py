@@ -25,7 +25,7 @@ def test_generate_before_weights_is_refused():
 
 def test_rows_carry_the_data_plane_fields():
     rows = _worker(version=3).generate(TASK.prompts[:2])
-    assert [(r["prompt_id"], r["sample_index"]) for r in rows] == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3)]
+    assert [(r["prompt_id"], r["sample_index"]) for r in rows] == [(p, i) for p in (0, 1) for i in range(4)]
     for row in rows:
         assert row["prompt"].dtype == torch.int64 and row["prompt"].shape == (2,)
         assert row["completion"].dtype == torch.int64 and row["completion"].shape == (4,)

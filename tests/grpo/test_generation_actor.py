@@ -1,8 +1,12 @@
 """The generation worker as a Ray actor samples exactly what it samples in-process."""
 
+import shutil
+import tempfile
+
 import pytest
 import torch
 
+from rlckpt.dataplane.ray_cluster import start_local_ray, stop_local_ray  # sets Ray env first
 from rlckpt.grpo.generation import GenerationWorker, make_generation_actor
 from rlckpt.grpo.task import DigitSumTask
 from rlckpt.grpo.trainer import GRPOConfig, Trainer
@@ -12,15 +16,17 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture
 def ray_cluster():
-    """Reuse a cluster another fixture started; otherwise start a small one and stop it after."""
+    """Reuse the cluster another fixture (e.g. tq_session) started; else a private one, stopped after."""
     if ray.is_initialized():
         yield
         return
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    temp_dir = tempfile.mkdtemp(prefix="rlckpt-grpo-", dir="/tmp")
+    start_local_ray(temp_dir)
     try:
         yield
     finally:
-        ray.shutdown()
+        stop_local_ray()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_actor_rows_equal_in_process_rows(ray_cluster):

@@ -17,7 +17,8 @@ CONFIG = GRPOConfig(seed=0)
 
 
 def _fresh_run() -> tuple[Trainer, GenerationWorker, PromptLoader]:
-    return Trainer(CONFIG), GenerationWorker(CONFIG, TASK), PromptLoader(TASK, CONFIG.prompts_per_step, seed=0)
+    loader = PromptLoader(TASK, CONFIG.prompts_per_step, seed=0)
+    return Trainer(CONFIG), GenerationWorker(CONFIG, TASK), loader
 
 
 def _save(trainer: Trainer, loader: PromptLoader, path) -> None:

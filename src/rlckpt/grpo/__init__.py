@@ -8,7 +8,14 @@ from rlckpt.grpo.batch import TrainBatch
 from rlckpt.grpo.dataloader import PromptLoader
 from rlckpt.grpo.generation import GenerationWorker, make_generation_actor
 from rlckpt.grpo.loop import run_steps
-from rlckpt.grpo.policy import DigitPolicy, PolicyConfig, build_policy, num_parameters, sample_group, sample_seed
+from rlckpt.grpo.policy import (
+    DigitPolicy,
+    PolicyConfig,
+    build_policy,
+    num_parameters,
+    sample_group,
+    sample_seed,
+)
 from rlckpt.grpo.task import DigitSumTask, Prompt
 from rlckpt.grpo.trainer import GRPOConfig, Trainer, weights_sha256
 

@@ -130,16 +130,20 @@ class Trainer:
     def load_state_dict(self, state: Mapping[str, Any], origin: str = "<dict>") -> None:
         """Restore weights, optimizer and version; refuses another format or policy shape."""
         if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
-            raise TrainerStateError(f"trainer state {origin} has format {_get(state, 'format')!r}, expected {STATE_FORMAT}")
+            found = _get(state, "format")
+            raise TrainerStateError(f"trainer state {origin} has format {found!r}, expected {STATE_FORMAT}")
         mine = asdict(self.config)
         saved = state.get("config", {})
         if saved.get("policy") != mine["policy"]:
             raise TrainerStateError(
-                f"trainer state {origin} is for policy {saved.get('policy')}, this trainer has {mine['policy']}"
+                f"trainer state {origin} is for policy {saved.get('policy')}, "
+                f"this trainer has {mine['policy']}"
             )
         if saved != mine:
             changed = sorted(k for k in mine if saved.get(k) != mine[k])
-            log.warning("trainer state %s was saved with different settings %s; resume is not exact", origin, changed)
+            log.warning(
+                "trainer state %s was saved with different settings %s; resume is not exact", origin, changed
+            )
         try:
             self.model.load_state_dict(state["model"], strict=True)
             self.optimizer.load_state_dict(state["optimizer"])
