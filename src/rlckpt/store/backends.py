@@ -168,11 +168,11 @@ class ObjectBackend(Backend):
                 raw.closed = True  # fsspec's __del__ would otherwise try to flush the discarded buffer
 
     def publish(self, step_dir: str, txid: str, manifest: bytes, commit: bytes) -> None:
-        self.fs.pipe_file(self.path(step_dir, MANIFEST_NAME), manifest)
         try:
+            self.create_exclusive(self.path(step_dir, MANIFEST_NAME), manifest)  # a loser cannot replace it
             self.create_exclusive(self.path(step_dir, COMMIT_NAME), commit)
         except FileExistsError as exc:
-            raise BundleExistsError(f"{self.path(step_dir)} already has a COMMIT: another writer won") from exc
+            raise BundleExistsError(f"{self.path(step_dir)} already has a manifest/COMMIT: another writer won") from exc
 
     def discard(self, step_dir: str, txid: str) -> None:
         prefix = self.path(step_dir)

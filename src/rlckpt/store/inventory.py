@@ -55,7 +55,11 @@ def fs_is_local(fs: Any) -> bool:
 
 def _add_empty_dirs(fs: Any, root: str, inv: Inventory) -> None:
     """Local disk: empty step_/tmp dirs do not show in find(); list the top level for them."""
-    for info in fs.ls(root, detail=True):
+    try:
+        top = fs.ls(root, detail=True)
+    except FileNotFoundError:
+        return
+    for info in top:
         name = info["name"].rstrip("/").rsplit("/", 1)[-1]
         if info.get("type") != "directory":
             continue

@@ -163,6 +163,13 @@ class BundleStore:
         except Exception:  # noqa: BLE001 - leftover intent is harmless; gc removes it
             log.warning("could not remove intent of step %s (txid %s)", step, txid, exc_info=True)
 
+    def _check_still_owner(self, step: int, txid: str) -> None:
+        """Just before publishing: our intent must still be ours (not taken over by gc or another writer)."""
+        current = self.read_intent(step)
+        if current is None or current.txid != txid:
+            who = current.describe() if current else "nobody (intent removed, e.g. by gc)"
+            raise BundleExistsError(f"step {step} at {self.url}: txid {txid} lost its claim; now held by {who}")
+
     def _has_commit(self, step: int) -> bool:
         return bool(self.fs.exists(self._backend.path(step_dirname(step), COMMIT_NAME)))
 

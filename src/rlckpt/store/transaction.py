@@ -157,6 +157,7 @@ class BundleTransaction:
         manifest_bytes = manifest.to_bytes()
         marker = CommitMarker(step=self.step, txid=self.txid, manifest_sha256=sha256_hex(manifest_bytes))
         try:
+            self.store._check_still_owner(self.step, self.txid)
             self.store._backend.publish(self._step_dir, self.txid, manifest_bytes, marker.to_bytes())
         except BaseException:
             try:
