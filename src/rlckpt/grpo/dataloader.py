@@ -13,14 +13,18 @@ from rlckpt.grpo.task import DigitSumTask, Prompt
 class PromptLoader:
     """Endless batches of prompts: each epoch is a seeded permutation of the task's prompts.
 
-    Batches are always full and may straddle an epoch boundary, so every prompt is seen exactly
-    once per epoch. The position is (epoch, index in that epoch's permutation); saving and loading
-    it continues the stream exactly.
+    ``batch_size`` must divide the number of prompts: batches are then full, never straddle an
+    epoch, and never hold a prompt twice (two groups of one prompt at one weight version would
+    sample identical completions). The position is (epoch, index in that epoch's permutation);
+    saving and loading it continues the stream exactly.
     """
 
     def __init__(self, task: DigitSumTask, batch_size: int, seed: int = 0) -> None:
-        if batch_size < 1:
-            raise ValueError(f"PromptLoader batch_size must be >= 1, got {batch_size}")
+        if batch_size < 1 or task.num_prompts % batch_size:
+            raise ValueError(
+                f"PromptLoader batch_size must be >= 1 and divide the {task.num_prompts} prompts, "
+                f"got {batch_size}"
+            )
         self.task = task
         self.batch_size = batch_size
         self.seed = seed
