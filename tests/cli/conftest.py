@@ -1,0 +1,76 @@
+"""Fixtures for the CLI tests: run `rlckpt` in-process, build bundles, reach files behind the store's back."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import pytest
+
+from rlckpt.cli.main import main
+from rlckpt.store import BundleStore
+
+
+@dataclass
+class CliResult:
+    """What one `rlckpt ...` run produced."""
+
+    code: int
+    out: str
+    err: str
+
+    def json(self) -> Any:
+        return json.loads(self.out)
+
+
+@dataclass
+class Run:
+    """A run location (local or S3) with helpers to fill it and to run the CLI against it."""
+
+    url: str
+    storage_options: dict[str, Any] | None
+
+    def store(self) -> BundleStore:
+        return BundleStore(self.url, storage_options=self.storage_options)
+
+    def options_args(self) -> list[str]:
+        """The --storage-options argument the CLI needs to reach this location."""
+        return ["--storage-options", json.dumps(self.storage_options)] if self.storage_options else []
+
+    def commit(self, step: int, files: dict[str, bytes] | None = None) -> None:
+        """Commit `step` with the given files (default: two small files)."""
+        files = files if files is not None else {"policy/weights.bin": b"w" * 3000, "loader.pt": b"l" * 100}
+        with self.store().begin(step) as tx:
+            for rel, data in files.items():
+                tx.write_bytes(rel, data)
+            tx.commit({"step": step})
+
+    def raw_path(self, *parts: str) -> tuple[Any, str]:
+        """(filesystem, path) of a path under the run, to tamper with it directly."""
+        fs, root = fsspec.core.url_to_fs(self.url, **(self.storage_options or {}))
+        return fs, "/".join([root.rstrip("/"), *parts])
+
+
+@pytest.fixture
+def run(store_location: tuple[str, dict[str, Any] | None]) -> Run:
+    url, options = store_location
+    return Run(url, options)
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., CliResult]:
+    """Run `rlckpt *argv` in-process; returns exit code and captured stdout/stderr."""
+
+    def invoke(*argv: str) -> CliResult:
+        capsys.readouterr()
+        try:
+            code = main(list(argv))
+        except SystemExit as exc:  # argparse: --help, usage errors
+            code = int(exc.code or 0)
+        captured = capsys.readouterr()
+        return CliResult(code, captured.out, captured.err)
+
+    return invoke

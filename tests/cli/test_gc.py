@@ -1,0 +1,61 @@
+"""`rlckpt gc`: --dry-run reports and removes nothing; a real run removes debris and old bundles only."""
+
+from __future__ import annotations
+
+
+def _states(cli, run):
+    return [(r["step"], r["state"]) for r in cli("ls", run.url, "--json", *run.options_args()).json()]
+
+
+def _abandon(run, step):
+    """A transaction whose writer vanished: data and intent written, never committed nor aborted."""
+    tx = run.store().begin(step)
+    tx.write_bytes("partial.bin", b"p" * 500)
+    return tx
+
+
+def test_gc_dry_run_lists_debris_and_removes_nothing(run, cli):
+    run.commit(1)
+    _abandon(run, 2)
+    before = _states(cli, run)
+    result = cli("gc", run.url, "--dry-run", "--stale-after", "0", *run.options_args())
+    assert result.code == 0
+    assert "would remove" in result.out and "step_2" in result.out
+    assert _states(cli, run) == before
+
+
+def test_gc_removes_a_dead_transaction_and_keeps_committed_bundles(run, cli):
+    run.commit(1)
+    _abandon(run, 2)
+    result = cli("gc", run.url, "--stale-after", "0", "--json", *run.options_args())
+    assert result.code == 0
+    assert result.json()["removed"]
+    assert _states(cli, run) == [(1, "committed")]
+
+
+def test_gc_leaves_a_live_transaction_alone(run, cli):
+    run.commit(1)
+    tx = _abandon(run, 2)
+    try:
+        result = cli("gc", run.url, "--json", *run.options_args())
+        assert result.json()["live"] == [tx.txid]
+        assert _states(cli, run) == [(1, "committed"), (2, "writing")]
+    finally:
+        tx.abort()
+
+
+def test_gc_keep_last_deletes_older_bundles_only_when_not_dry_run(run, cli):
+    for step in (1, 2, 3):
+        run.commit(step)
+    dry = cli("gc", run.url, "--keep-last", "1", "--dry-run", *run.options_args())
+    assert "would remove committed step 1" in dry.out and "would remove committed step 2" in dry.out
+    assert [s for s, _ in _states(cli, run)] == [1, 2, 3]
+    real = cli("gc", run.url, "--keep-last", "1", *run.options_args())
+    assert real.code == 0
+    assert _states(cli, run) == [(3, "committed")]
+
+
+def test_gc_refuses_keep_last_zero_on_the_command_line(run, cli):
+    result = cli("gc", run.url, "--keep-last", "0", *run.options_args())
+    assert result.code == 64
+    assert "--keep-last" in result.err

@@ -1,0 +1,48 @@
+"""`rlckpt ls`: one row per step with state, size, files and creation time; --json for scripts."""
+
+from __future__ import annotations
+
+
+def test_ls_table_lists_each_committed_step_with_its_file_count(run, cli):
+    run.commit(1)
+    run.commit(2, {"only.bin": b"x" * 10})
+    result = cli("ls", run.url, *run.options_args())
+    assert result.code == 0
+    lines = result.out.splitlines()
+    assert lines[0].split()[:4] == ["STEP", "STATE", "SIZE", "FILES"]
+    rows = [line.split() for line in lines[1:]]
+    assert [(r[0], r[1], r[-3]) for r in rows] == [("1", "committed", "2"), ("2", "committed", "1")]
+
+
+def test_ls_json_gives_step_state_size_files_created(run, cli):
+    run.commit(5, {"a.bin": b"a" * 1234, "b/c.bin": b"c" * 66})
+    records = cli("ls", run.url, "--json", *run.options_args()).json()
+    assert len(records) == 1
+    record = records[0]
+    assert (record["step"], record["state"], record["size"], record["files"]) == (5, "committed", 1300, 2)
+    assert record["created"].startswith("20")
+
+
+def test_ls_shows_a_transaction_in_progress_as_writing(run, cli):
+    run.commit(1)
+    tx = run.store().begin(2)
+    tx.write_bytes("half.bin", b"h" * 10)
+    try:
+        records = cli("ls", run.url, "--json", *run.options_args()).json()
+    finally:
+        tx.abort()
+    assert [(r["step"], r["state"]) for r in records] == [(1, "committed"), (2, "writing")]
+
+
+def test_ls_shows_a_bundle_with_a_forged_commit_as_corrupt(run, cli):
+    run.commit(1)
+    fs, path = run.raw_path("step_1", "manifest.json")
+    fs.pipe_file(path, fs.cat_file(path).replace(b'"step":1', b'"step":1 '))
+    records = cli("ls", run.url, "--json", *run.options_args()).json()
+    assert [(r["step"], r["state"]) for r in records] == [(1, "corrupt")]
+
+
+def test_ls_of_an_empty_run_says_so_and_succeeds(run, cli):
+    result = cli("ls", run.url, *run.options_args())
+    assert result.code == 0
+    assert "no bundles" in result.out
