@@ -22,6 +22,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "rlckpt.cli.ls",
     "rlckpt.cli.verify",
     "rlckpt.cli.gc",
+    "rlckpt.cli.train",
 )
 
 EPILOG = """\

@@ -1,0 +1,16 @@
+"""Names of the pieces inside a run bundle (``step_<N>/``), shared by save and restore."""
+
+from __future__ import annotations
+
+POLICY_FILE = "policy/state.pt"  # weights + optimizer + weight version (trainer)
+LOADER_FILE = "train_dataloader.pt"  # dataloader position + prompts drawn but not yet committed
+REPLAY_FILE = "replay_buffer_metadata.pt"  # the replay index (no tensors)
+DATA_PLANE_DIR = "data_plane"  # TransferQueue's own snapshot, staged locally then uploaded
+DATA_PLANE_METADATA = f"{DATA_PLANE_DIR}/metadata.json"  # TQ writes it; JSON, safe to read first
+
+# Keys of the manifest's user metadata that restore checks before loading anything.
+META_INDEX_DIGEST = "index_digest"
+META_GROUP_COUNT = "group_count"
+META_MODE = "mode"
+META_FORMAT = "rlckpt_run_format"
+RUN_FORMAT = 1

@@ -1,0 +1,159 @@
+"""The restore procedure (driver side, once, before the controller actor exists).
+
+1. pick the newest committed bundle; the store checks marker → manifest digest → listing
+2. fetch every piece, verifying every digest (policy, loader, replay index into memory,
+   ``data_plane/`` into local staging) — nothing is deserialized before this is done
+3. pairing check: the manifest, TransferQueue's ``metadata.json`` and the replay index must name
+   the same index digest (a sidecar/data-plane pair from different saves is refused here)
+4. trainer state and dataloader position
+5. the bootstrap data-plane client loads the snapshot → the metadata it was saved with
+
+The restore phase moves NOT_STARTED → RESTORING → RESTORED (or FAILED) around 4–5, so the
+connect-only client and the replay buffer can only be built afterwards (controller.setup).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from rlckpt.checkpoint import codec, layout
+from rlckpt.checkpoint.staging import staging_dir
+from rlckpt.checkpoint.phase import RestorePhase
+from rlckpt.dataplane.base import DataPlaneClient
+from rlckpt.dataplane.threads import run_blocking
+from rlckpt.errors import CheckpointError, CorruptBundleError
+from rlckpt.replay import groups_digest
+from rlckpt.store import Bundle, BundleStore, Manifest
+
+logger = logging.getLogger(__name__)
+
+
+class TrainerStateSink(Protocol):
+    """The trainer side: takes verified weights + optimizer bytes."""
+
+    def load_state_bytes(self, data: bytes) -> None: ...
+
+
+@dataclass
+class RestoredRun:
+    """What the driver hands the controller actor after a restore."""
+
+    step: int
+    manifest: Manifest
+    loader_state: dict[str, Any]
+    replay_state: dict[str, Any]
+    data_plane_metadata: dict[str, Any]
+    seconds: float
+
+    @property
+    def index_digest(self) -> str:
+        return str(self.data_plane_metadata[layout.META_INDEX_DIGEST])
+
+    @property
+    def group_count(self) -> int:
+        return int(self.data_plane_metadata[layout.META_GROUP_COUNT])
+
+    @property
+    def mode(self) -> str:
+        return str(self.data_plane_metadata[layout.META_MODE])
+
+
+@dataclass
+class _FetchedPieces:
+    """Verified bytes of one bundle, before anything is deserialized."""
+
+    policy: bytes
+    loader: bytes
+    replay: bytes
+    snapshot_dir: Path
+
+
+async def restore_run(
+    store: BundleStore,
+    *,
+    trainer: TrainerStateSink,
+    bootstrap: DataPlaneClient,
+    phase: RestorePhase,
+    staging_root: str | None = None,
+    expected_mode: str | None = None,
+) -> RestoredRun | None:
+    """Restore the newest committed bundle, or mark the run fresh and return None if there is none."""
+    started = time.perf_counter()
+    step = await run_blocking(store.latest)  # 1
+    if step is None:
+        phase.start_fresh()
+        logger.info("no committed bundle at %s: starting fresh", store.url)
+        return None
+    bundle: Bundle = await run_blocking(store.open, step)
+    logger.info("restoring step %d from %s", step, store.url)
+    with staging_dir(staging_root, prefix=f"rlckpt-restore{step}-") as staging:
+        pieces = await run_blocking(_fetch_verified, bundle, staging)  # 2
+        replay_state = _check_pairing(bundle.manifest, pieces, expected_mode)  # 3
+        phase.begin_restore(step)
+        try:
+            trainer.load_state_bytes(pieces.policy)  # 4
+            loader_state = codec.loads(pieces.loader, origin=f"step {step}: {layout.LOADER_FILE}")
+            metadata = await bootstrap.load_checkpoint(pieces.snapshot_dir)  # 5
+            if metadata.get(layout.META_INDEX_DIGEST) != replay_state["digest"]:
+                raise CorruptBundleError(
+                    f"step {step}: the data plane loaded a snapshot for index "
+                    f"{metadata.get(layout.META_INDEX_DIGEST)}, the replay index is {replay_state['digest']}"
+                )
+        except BaseException:
+            phase.fail()
+            raise
+        phase.finish_restore()
+    seconds = time.perf_counter() - started
+    logger.info("restored step %d (%d groups) in %.2fs", step, len(replay_state["groups"]), seconds)
+    return RestoredRun(step, bundle.manifest, loader_state, replay_state, metadata, seconds)
+
+
+def _fetch_verified(bundle: Bundle, staging: Path) -> _FetchedPieces:
+    """Read every piece through the store, which checks each digest before handing bytes out."""
+    snapshot_dir = staging / layout.DATA_PLANE_DIR
+    bundle.get_dir(layout.DATA_PLANE_DIR, snapshot_dir)
+    return _FetchedPieces(
+        policy=bundle.read_bytes(layout.POLICY_FILE),
+        loader=bundle.read_bytes(layout.LOADER_FILE),
+        replay=bundle.read_bytes(layout.REPLAY_FILE),
+        snapshot_dir=snapshot_dir,
+    )
+
+
+def _check_pairing(manifest: Manifest, pieces: _FetchedPieces, expected_mode: str | None) -> dict[str, Any]:
+    """Refuse a bundle whose replay index and data-plane snapshot come from different saves."""
+    step = manifest.step
+    meta = manifest.metadata
+    if meta.get(layout.META_FORMAT) != layout.RUN_FORMAT:
+        raise CheckpointError(
+            f"step {step}: manifest metadata has run format {meta.get(layout.META_FORMAT)!r}, "
+            f"this rlckpt reads {layout.RUN_FORMAT} (not a bundle written by `rlckpt train`?)"
+        )
+    manifest_digest = meta.get(layout.META_INDEX_DIGEST)
+    snapshot_meta_path = pieces.snapshot_dir / "metadata.json"
+    try:
+        snapshot_meta = json.loads(snapshot_meta_path.read_text())["user_metadata"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CorruptBundleError(f"step {step}: {layout.DATA_PLANE_METADATA} is unreadable: {exc}") from exc
+    snapshot_digest = snapshot_meta.get(layout.META_INDEX_DIGEST)
+    replay_state = codec.loads(pieces.replay, origin=f"step {step}: {layout.REPLAY_FILE}")
+    if not isinstance(replay_state, dict) or "groups" not in replay_state:
+        raise CorruptBundleError(f"step {step}: {layout.REPLAY_FILE} is not a replay index")
+    replay_digest = groups_digest(replay_state["groups"])
+    if not (manifest_digest == snapshot_digest == replay_digest == replay_state.get("digest")):
+        raise CorruptBundleError(
+            f"step {step}: replay index and data-plane snapshot come from different saves: "
+            f"manifest names index {manifest_digest}, {layout.DATA_PLANE_METADATA} names {snapshot_digest}, "
+            f"{layout.REPLAY_FILE} holds {replay_digest}; refusing to load anything"
+        )
+    if expected_mode is not None and meta.get(layout.META_MODE) != expected_mode:
+        raise CheckpointError(
+            f"step {step}: bundle was saved in mode {meta.get(layout.META_MODE)!r}, this run asks for "
+            f"{expected_mode!r}; resume with --mode {meta.get(layout.META_MODE)}"
+        )
+    return replay_state

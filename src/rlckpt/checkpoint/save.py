@@ -1,0 +1,198 @@
+"""The save procedure of one run bundle, in ARCHITECTURE's order.
+
+1. begin transaction (the store records the write-ahead intent before any data byte)
+2. policy weights + optimizer
+3. barrier window (exclusive side of DataPlaneCheckpointBarrier): capture the replay index and
+   the dataloader position at one instant → ``list_sample_ids()`` must equal the index (else the
+   save aborts, nothing committed) → TransferQueue snapshot into local staging → release
+4. outside the window: ``train_dataloader.pt``, ``data_plane/`` (digested, optionally zstd) and
+   ``replay_buffer_metadata.pt``
+5. manifest with digests → COMMIT → retention
+
+Deviation from ARCHITECTURE step 2, on purpose: the dataloader position is *captured* inside the
+window (it is still written after it). In async mode the rollout pump draws prompts while the
+policy is written; captured before the window, a prompt drawn in between would be restored from
+the data plane *and* drawn again after resume.
+
+``mode="inline"`` reproduces the reference design for the stall benchmark: the snapshot upload
+happens inside the window, so finished rollouts wait for the destination.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from rlckpt.checkpoint import codec, layout
+from rlckpt.checkpoint.staging import staging_dir
+from rlckpt.dataplane.base import DataPlaneClient
+from rlckpt.dataplane.threads import run_blocking
+from rlckpt.errors import CheckpointError
+from rlckpt.replay import ReplayBuffer
+from rlckpt.store import BundleStore, BundleTransaction
+
+logger = logging.getLogger(__name__)
+
+SaveMode = Literal["staged", "inline"]
+
+
+class PolicyStateSource(Protocol):
+    """The trainer side: hands out its weights + optimizer state as bytes."""
+
+    async def state_bytes(self) -> bytes: ...
+
+
+@dataclass
+class SaveParticipants:
+    """Everything one save touches; built once by the controller and reused for every save."""
+
+    store: BundleStore
+    policy: PolicyStateSource
+    replay: ReplayBuffer
+    data_plane: DataPlaneClient
+    capture_loader_state: Callable[[], dict[str, Any]]
+    run_mode: str = "in_order"
+    staging_root: str | None = None
+    compress_data_plane: bool = True
+    keep_last: int | None = None
+    extra_metadata: Mapping[str, Any] = field(default_factory=dict)
+    before_commit: Callable[[int], Awaitable[None]] | None = None  # crash tests hold a save here
+
+
+@dataclass
+class SaveReport:
+    """What one save did and how long each part took (seconds)."""
+
+    step: int
+    manifest_sha256: str
+    total_s: float
+    policy_s: float
+    window_s: float
+    snapshot_s: float
+    upload_s: float
+    bytes_written: int
+    group_count: int
+    mode: SaveMode
+
+
+async def save_bundle(parts: SaveParticipants, step: int, *, mode: SaveMode = "staged") -> SaveReport:
+    """Write and commit the bundle of ``step``; on any failure nothing is committed and it re-raises."""
+    started = time.perf_counter()
+    txn: BundleTransaction = await run_blocking(parts.store.begin, step)  # 1: intent recorded
+    try:
+        report = await _write_and_commit(parts, txn, step, mode, started)
+    except BaseException as exc:
+        await _abort(txn, step, exc)
+        raise
+    if parts.keep_last:
+        await _retain(parts.store, parts.keep_last)
+    return report
+
+
+async def _write_and_commit(
+    parts: SaveParticipants, txn: BundleTransaction, step: int, mode: SaveMode, started: float
+) -> SaveReport:
+    t = time.perf_counter()
+    policy_bytes = await parts.policy.state_bytes()  # 2: policy
+    await run_blocking(txn.write_bytes, layout.POLICY_FILE, policy_bytes)
+    policy_s = time.perf_counter() - t
+    compression = "zstd" if parts.compress_data_plane else None
+
+    with staging_dir(parts.staging_root, prefix=f"rlckpt-step{step}-") as staging:
+        snapshot_dir = staging / layout.DATA_PLANE_DIR
+        async with parts.replay.barrier.checkpoint():  # 3: the window
+            window_started = time.perf_counter()
+            index = parts.replay.metadata_state_dict()
+            loader_state = parts.capture_loader_state()  # same instant as the index: see module doc
+            stored = await parts.data_plane.list_sample_ids(parts.replay.partition_id)
+            parts.replay.validate_inventory(stored)  # a mismatch aborts the save
+            dp_metadata = _data_plane_metadata(index, step, parts.run_mode)
+            t = time.perf_counter()
+            await parts.data_plane.save_checkpoint(snapshot_dir, metadata=dp_metadata)
+            snapshot_s = time.perf_counter() - t
+            upload_s = 0.0
+            if mode == "inline":  # the reference design: upload while rollouts wait
+                upload_s = await _upload_snapshot(txn, snapshot_dir, compression)
+            window_s = time.perf_counter() - window_started
+
+        await run_blocking(txn.write_bytes, layout.LOADER_FILE, codec.dumps(loader_state))  # 4
+        if mode == "staged":
+            upload_s = await _upload_snapshot(txn, snapshot_dir, compression)
+    await run_blocking(txn.write_bytes, layout.REPLAY_FILE, codec.dumps(index))
+
+    metadata = {
+        **parts.extra_metadata,
+        layout.META_FORMAT: layout.RUN_FORMAT,
+        layout.META_INDEX_DIGEST: dp_metadata[layout.META_INDEX_DIGEST],
+        layout.META_GROUP_COUNT: dp_metadata[layout.META_GROUP_COUNT],
+        layout.META_MODE: parts.run_mode,
+        "data_plane": dp_metadata,
+        "save_mode": mode,
+    }
+    if parts.before_commit is not None:
+        await parts.before_commit(step)
+    manifest = await run_blocking(txn.commit, metadata)  # 5: manifest → COMMIT
+    report = SaveReport(
+        step=step,
+        manifest_sha256=_manifest_digest(manifest),
+        total_s=time.perf_counter() - started,
+        policy_s=policy_s,
+        window_s=window_s,
+        snapshot_s=snapshot_s,
+        upload_s=upload_s,
+        bytes_written=manifest.total_size,
+        group_count=dp_metadata[layout.META_GROUP_COUNT],
+        mode=mode,
+    )
+    logger.info(
+        "saved step %d: %d groups, %.1f MiB, window %.3fs (snapshot %.3fs), upload %.3fs, total %.3fs",
+        step, report.group_count, report.bytes_written / 2**20, window_s, snapshot_s, upload_s, report.total_s,
+    )
+    return report
+
+
+def _data_plane_metadata(index: Mapping[str, Any], step: int, run_mode: str) -> dict[str, Any]:
+    """What TransferQueue stores beside its snapshot: ties it to this exact replay index."""
+    return {
+        layout.META_INDEX_DIGEST: index["digest"],
+        layout.META_GROUP_COUNT: len(index["groups"]),
+        layout.META_MODE: run_mode,
+        "step": step,
+        "partition_id": index["partition_id"],
+    }
+
+
+async def _upload_snapshot(txn: BundleTransaction, snapshot_dir: Path, compression: str | None) -> float:
+    """Digest and upload the staged snapshot as ``data_plane/``; returns the seconds it took."""
+    t = time.perf_counter()
+    if not snapshot_dir.is_dir():
+        raise CheckpointError(f"step {txn.step}: the data plane wrote no snapshot at {snapshot_dir}")
+    await run_blocking(txn.put_dir, layout.DATA_PLANE_DIR, snapshot_dir, compression)
+    return time.perf_counter() - t
+
+
+def _manifest_digest(manifest: Any) -> str:
+    from rlckpt.store.manifest import sha256_hex
+
+    return sha256_hex(manifest.to_bytes())
+
+
+async def _abort(txn: BundleTransaction, step: int, cause: BaseException) -> None:
+    """Abort the transaction after a failure; the failure, not a cleanup problem, is what surfaces."""
+    logger.error("save of step %d failed (%s: %s); aborting, nothing is committed", step, type(cause).__name__, cause)
+    try:
+        await run_blocking(txn.abort)
+    except Exception:  # noqa: BLE001 - gc removes what an aborted writer could not
+        logger.warning("abort of step %d failed; `rlckpt gc` will remove its debris", step, exc_info=True)
+
+
+async def _retain(store: BundleStore, keep_last: int) -> None:
+    """Retention after a successful commit; a failure here never un-commits the save."""
+    try:
+        await run_blocking(store.gc, keep_last=keep_last)
+    except Exception:  # noqa: BLE001
+        logger.warning("retention (keep_last=%d) failed; the new bundle is committed", keep_last, exc_info=True)

@@ -1,0 +1,128 @@
+"""`rlckpt train`: the main job — a tiny GRPO on Ray + TransferQueue with transactional bundles."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from dataclasses import asdict
+from typing import Any
+
+from rlckpt.cli import _common
+
+EPILOG = """\
+examples:
+  rlckpt train --run-dir /nvme/run1 --steps 8 --save-every 2
+  rlckpt train --run-dir /nvme/run1 --steps 16            # resumes from the newest committed bundle
+  rlckpt train --run-dir s3://bucket/run1 --steps 8 --json \\
+      --storage-options '{"endpoint_url": "http://127.0.0.1:9000"}'
+
+--steps is the total to reach, across resumes: a run at step 4 with --steps 8 trains 4 more.
+Without --fresh the newest committed bundle is resumed (bundles without COMMIT are ignored).
+"""
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="run (or resume) the GRPO main job, saving a bundle every K steps",
+        description=(
+            "Train a tiny GRPO policy on CPU with rollouts in TransferQueue on a private local Ray "
+            "cluster, saving policy, dataloader, replay index and data-plane snapshot as one "
+            "transactional bundle every --save-every steps and at the last step."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--run-dir", required=True, metavar="URL", help="where bundles go: a local path or an fsspec URL (s3://bucket/prefix)")
+    parser.add_argument("--steps", type=_non_negative, default=8, metavar="N", help="train until N steps are done (default 8)")
+    parser.add_argument("--save-every", type=_positive, default=2, metavar="K", help="save a bundle every K steps (default 2)")
+    parser.add_argument("--mode", choices=("in_order", "async"), default="in_order", help="in_order: step k trains the groups generated with weights k (deterministic); async: bounded staleness")
+    parser.add_argument("--max-staleness", type=_non_negative, default=1, metavar="S", help="async mode: generate with weights at most S steps old (default 1)")
+    parser.add_argument("--storage-options", metavar="JSON", type=_common.storage_options_arg, default=None, help="fsspec options for the run dir's filesystem, as a JSON object")
+    parser.add_argument("--fresh", action="store_true", help="start from scratch (refused if the run dir already has committed bundles)")
+    parser.add_argument("--keep-last", type=_positive, default=None, metavar="K", help="after each commit keep only the K newest bundles (default: keep all)")
+    parser.add_argument("--staging-dir", default=None, metavar="DIR", help="local staging for data-plane snapshots (default: /dev/shm when available)")
+    parser.add_argument("--save-failure", choices=("stop", "continue"), default="stop", help="what a failed save does: stop the run (default) or log and go on")
+    parser.add_argument("--no-compress", action="store_true", help="store data-plane files without zstd")
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON line on stdout")
+    _common.add_verbose_argument(parser)
+    parser.set_defaults(func=run)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from rlckpt.controller.config import TrainConfig
+    from rlckpt.controller.setup import setup_single_controller
+    from rlckpt.dataplane.ray_cluster import start_local_ray, stop_local_ray
+
+    config = TrainConfig(
+        run_dir=args.run_dir,
+        steps=args.steps,
+        save_every=args.save_every,
+        mode=args.mode,
+        max_staleness=args.max_staleness,
+        fresh=args.fresh,
+        storage_options=args.storage_options,
+        keep_last=args.keep_last,
+        staging_dir=args.staging_dir,
+        save_failure=args.save_failure,
+        compress_data_plane=not args.no_compress,
+    )
+    ray_dir = tempfile.mkdtemp(prefix="rlckpt-ray-", dir="/tmp")
+    start_local_ray(ray_dir, log_to_driver=args.verbose > 0)
+    controller = None
+    try:
+        print("rlckpt train: starting TransferQueue and the controller ...", file=sys.stderr)
+        controller = setup_single_controller(config)
+        start = controller.restored.step if controller.restored else 0
+        if controller.restored:
+            print(f"rlckpt train: resumed step {start} from {controller.store.url} "
+                  f"({controller.restored.seconds:.1f}s)", file=sys.stderr)
+        bar = tqdm(total=config.steps, initial=start, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
+
+        def on_event(event: dict[str, Any]) -> None:
+            bar.update(event["step"] - bar.n)
+            bar.set_postfix(reward=f"{event['reward']:.3f}")
+            if "saved" in event:
+                bar.write(
+                    f"  saved step {event['saved']}: {event['save_s']:.2f}s, window {event['window_s'] * 1e3:.1f} ms, "
+                    f"max rollout stall {event['stall_max_s'] * 1e3:.1f} ms",
+                    file=sys.stderr,
+                )
+            elif "save_error" in event:
+                bar.write(f"  save of step {event['step']} FAILED: {event['save_error']}", file=sys.stderr)
+
+        summary = controller.run(on_event)
+        bar.close()
+        bundles = controller.store.steps()
+    finally:
+        if controller is not None:
+            controller.shutdown()
+        stop_local_ray()
+        shutil.rmtree(ray_dir, ignore_errors=True)
+    result = {**asdict(summary), "bundles": bundles, "run_dir": config.run_dir, "mode": config.mode}
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        reward = "-" if summary.reward is None else f"{summary.reward:.3f}"
+        print(f"step {summary.step}  reward {reward}  policy_sha256 {summary.policy_sha256[:16]}…  "
+              f"bundles {bundles}  ({summary.steps_run} steps this run, resumed from {summary.resumed_from})")
+    return _common.EXIT_OK

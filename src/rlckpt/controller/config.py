@@ -1,0 +1,50 @@
+"""TrainConfig: every knob of the main job, in one record the CLI fills and the driver reads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rlckpt.dataplane.tq_client import DEFAULT_TQ_CONFIG
+from rlckpt.grpo import GRPOConfig
+
+Mode = Literal["in_order", "async"]
+SaveFailure = Literal["stop", "continue"]
+
+
+@dataclass
+class TrainConfig:
+    """The main job: a tiny GRPO run on Ray + TransferQueue with transactional bundles."""
+
+    run_dir: str
+    steps: int = 8  # train until this many steps are done (absolute, across resumes)
+    save_every: int = 2
+    mode: Mode = "in_order"
+    max_staleness: int = 1  # async: a batch is generated with weights at most this many steps old
+    fresh: bool = False
+    storage_options: dict[str, Any] | None = None
+    keep_last: int | None = None  # retention after each commit (None: keep all)
+    staging_dir: str | None = None  # local staging for snapshots (default: tmpfs when available)
+    save_failure: SaveFailure = "stop"
+    compress_data_plane: bool = True
+    partition_id: str = "rollouts"
+    num_prompts: int = 64
+    task_seed: int = 0
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    tq_config: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_TQ_CONFIG))
+    ray_temp_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("in_order", "async"):
+            raise ValueError(f"mode must be 'in_order' or 'async', got {self.mode!r}")
+        if self.steps < 0 or self.save_every < 1:
+            raise ValueError(f"steps must be >= 0 and save_every >= 1, got {self.steps}, {self.save_every}")
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        if self.save_failure not in ("stop", "continue"):
+            raise ValueError(f"save_failure must be 'stop' or 'continue', got {self.save_failure!r}")
+
+    @property
+    def max_ahead(self) -> int:
+        """How many steps the rollout pump may run ahead of the trainer (0 in in_order mode)."""
+        return 0 if self.mode == "in_order" else self.max_staleness

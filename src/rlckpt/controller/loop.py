@@ -1,0 +1,307 @@
+"""The controller's event loop: a rollout pump and a train pump over the replay buffer.
+
+Rollout pump: draw a prompt batch and reserve its groups (one synchronous step, so a checkpoint
+never sees a drawn prompt without its reservation) → generate → commit each group through the
+replay buffer. Train pump: take the groups of step k → advantage stage (read rewards, write
+``advantages`` onto the same keys) → train → remove the groups → sync weights → save every
+``save_every`` steps and at the last step.
+
+Modes: ``in_order`` — batch k is generated with weights k and trained at step k (deterministic);
+``async`` — batch k may be generated with weights as old as k − max_staleness while the trainer
+works (bounded staleness). In both, every drawn prompt is trained exactly once, across restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlckpt.checkpoint.save import SaveParticipants, SaveReport, save_bundle
+from rlckpt.controller.config import TrainConfig
+from rlckpt.controller.handles import Generator, Trainer
+from rlckpt.dataplane.base import DataPlaneClient
+from rlckpt.errors import CheckpointError, ReplayStateError
+from rlckpt.grpo import DigitSumTask, Prompt, PromptLoader, TrainBatch, grouped_advantages
+from rlckpt.replay import ReplayBuffer
+from rlckpt.store import BundleStore
+
+logger = logging.getLogger(__name__)
+
+ROW_ID_FIELDS = ("prompt_id", "sample_index", "weight_version", "draw_seq")
+LOADER_STATE_FORMAT = 1
+# Test hook (crash tests only): "STEP:PATH" makes the save of STEP touch PATH and hang before COMMIT.
+HOLD_SAVE_ENV = "RLCKPT_TEST_HOLD_SAVE"
+
+
+class SaveFailedError(CheckpointError):
+    """A periodic save failed and the run is configured to stop (``save_failure='stop'``)."""
+
+
+@dataclass
+class LoopState:
+    """The controller's own position: what the dataloader file of a bundle holds."""
+
+    step: int = 0  # completed train steps == trainer weight version
+    next_batch_step: int = 0  # the step the next drawn batch is for
+    draws: int = 0  # prompts drawn so far (a prompt's draw_seq)
+    pending: dict[str, dict[str, int]] = field(default_factory=dict)  # reserved, not committed groups
+
+    def to_state(self, loader: PromptLoader) -> dict[str, Any]:
+        return {
+            "format": LOADER_STATE_FORMAT,
+            "loader": loader.state_dict(),
+            "step": self.step,
+            "next_batch_step": self.next_batch_step,
+            "draws": self.draws,
+            "pending": {gid: dict(v) for gid, v in self.pending.items()},
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], loader: PromptLoader) -> LoopState:
+        if state.get("format") != LOADER_STATE_FORMAT:
+            raise ReplayStateError(f"train_dataloader.pt has format {state.get('format')!r}, expected 1")
+        loader.load_state_dict(state["loader"])
+        pending = {str(g): {k: int(x) for k, x in v.items()} for g, v in state["pending"].items()}
+        return cls(int(state["step"]), int(state["next_batch_step"]), int(state["draws"]), pending)
+
+
+@dataclass
+class RunSummary:
+    """What a run did; the CLI prints it (``--json``: one line)."""
+
+    step: int
+    policy_sha256: str
+    reward: float | None
+    resumed_from: int | None
+    trained_draws: list[int]
+    unconsumed_draws: list[int]
+    drawn: int
+    saves: list[dict[str, Any]]
+    steps_run: int
+
+
+class ControllerLoop:
+    """Owns nothing it builds: every collaborator is handed in (by the actor or by a test)."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        task: DigitSumTask,
+        loader: PromptLoader,
+        trainer: Trainer,
+        generator: Generator,
+        replay: ReplayBuffer,
+        data_plane: DataPlaneClient,
+        store: BundleStore,
+        state: LoopState,
+        resumed_from: int | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.task = task
+        self.loader = loader
+        self.trainer = trainer
+        self.generator = generator
+        self.replay = replay
+        self.data_plane = data_plane
+        self.store = store
+        self.state = state
+        self.resumed_from = resumed_from
+        self.on_event = on_event or (lambda event: None)
+        self.gen_version = state.step
+        self.trained_draws: list[int] = []
+        self.saves: list[SaveReport] = []
+        self.last_reward: float | None = None
+        self._progress = asyncio.Condition()
+        self._mutation_mark = 0
+        self.save_parts = SaveParticipants(
+            store=store,
+            policy=trainer,
+            replay=replay,
+            data_plane=data_plane,
+            capture_loader_state=lambda: self.state.to_state(self.loader),
+            run_mode=config.mode,
+            staging_root=config.staging_dir,
+            compress_data_plane=config.compress_data_plane,
+            keep_last=config.keep_last,
+            extra_metadata={"task": repr(task), "steps_target": config.steps},
+            before_commit=_hold_hook_from_env(),
+        )
+
+    # --- the run ---------------------------------------------------------------------------------
+
+    async def run(self) -> RunSummary:
+        """Train until ``config.steps``; returns the summary. Saves are part of the train pump."""
+        start = self.state.step
+        weights, version = await self.trainer.weights()
+        await self.generator.set_weights(weights, version)
+        self.gen_version = version
+        if version != self.state.step:
+            raise CheckpointError(f"trainer is at weight version {version}, the run state at step {self.state.step}")
+        rollout = asyncio.create_task(self._rollout_pump(), name="rollout-pump")
+        try:
+            train = asyncio.create_task(self._train_pump(), name="train-pump")
+            done, _ = await asyncio.wait({rollout, train}, return_when=asyncio.FIRST_COMPLETED)
+            if rollout in done and rollout.exception() is not None:
+                train.cancel()
+                await asyncio.gather(train, return_exceptions=True)
+                raise rollout.exception()  # type: ignore[misc]
+            await train
+        finally:
+            rollout.cancel()
+            await asyncio.gather(rollout, return_exceptions=True)
+        return RunSummary(
+            step=self.state.step,
+            policy_sha256=await self.trainer.policy_sha256(),
+            reward=self.last_reward,
+            resumed_from=self.resumed_from,
+            trained_draws=self.trained_draws,
+            unconsumed_draws=await self._unconsumed_draws(),
+            drawn=self.state.draws,
+            saves=[vars(r) for r in self.saves],
+            steps_run=self.state.step - start,
+        )
+
+    # --- rollout pump ------------------------------------------------------------------------------
+
+    async def _rollout_pump(self) -> None:
+        cfg = self.config
+        restored = [g.group_id for g in self.replay.pending_groups()]
+        if restored:  # reserved before the save, never committed: generate them again
+            logger.info("regenerating %d groups that were in flight at the save", len(restored))
+            await self._generate_and_commit(restored)
+        while True:  # runs ahead of the trainer by at most max_ahead steps; cancelled at the end
+            batch_step = self.state.next_batch_step
+            await self._wait(lambda: self.gen_version >= batch_step - cfg.max_ahead)
+            group_ids = self._draw_and_reserve(batch_step)
+            await self._generate_and_commit(group_ids)
+
+    def _draw_and_reserve(self, batch_step: int) -> list[str]:
+        """Draw one batch and reserve its groups in one synchronous step (no await inside)."""
+        group_ids = []
+        for prompt in self.loader.next_batch():
+            gid = self.replay.reserve(weight_version=self.gen_version, target_step=batch_step)
+            self.state.pending[gid] = {"draw_seq": self.state.draws, "prompt_id": prompt.prompt_id}
+            self.state.draws += 1
+            group_ids.append(gid)
+        self.state.next_batch_step = batch_step + 1
+        return group_ids
+
+    async def _generate_and_commit(self, group_ids: Sequence[str]) -> None:
+        prompts = [self.task.prompt(self.state.pending[g]["prompt_id"]) for g in group_ids]
+        rows = await self.generator.generate(prompts)
+        size = self.config.grpo.group_size
+        for i, gid in enumerate(group_ids):
+            group_rows = [self._to_tensors(r, self.state.pending[gid]["draw_seq"]) for r in rows[i * size : (i + 1) * size]]
+            version = int(group_rows[0]["weight_version"])
+            await self.replay.commit(gid, group_rows, start_weight=version, end_weight=version)
+            del self.state.pending[gid]  # no await since commit returned: atomic with the index update
+
+    @staticmethod
+    def _to_tensors(row: dict[str, Any], draw_seq: int) -> dict[str, torch.Tensor]:
+        out = {k: row[k] for k in ("prompt", "completion", "logprobs", "reward")}
+        for name in ("prompt_id", "sample_index", "weight_version"):
+            out[name] = torch.tensor([int(row[name])], dtype=torch.int64)
+        out["draw_seq"] = torch.tensor([draw_seq], dtype=torch.int64)
+        return out
+
+    # --- train pump --------------------------------------------------------------------------------
+
+    async def _train_pump(self) -> None:
+        cfg = self.config
+        while self.state.step < cfg.steps:
+            k = self.state.step
+            groups = await self.replay.take(cfg.grpo.prompts_per_step, target_step=k)
+            batch, draws = await self._advantage_stage(groups)
+            metrics = await self.trainer.train_step(batch)
+            for g in groups:
+                await self.replay.remove_group(g.group_id)
+            self.trained_draws.extend(draws)
+            weights, version = await self.trainer.weights()
+            await self.generator.set_weights(weights, version)
+            async with self._progress:
+                self.state.step = version
+                self.gen_version = version
+                self._progress.notify_all()
+            self.last_reward = metrics["mean_reward"]
+            event = {"event": "step", "step": version, "reward": metrics["mean_reward"], "loss": metrics["loss"]}
+            if version % cfg.save_every == 0 or version == cfg.steps:
+                event.update(await self._save(version))
+            self.on_event(event)
+
+    async def _advantage_stage(self, groups: Sequence[Any]) -> tuple[TrainBatch, list[int]]:
+        """Read rewards, write group-normalized ``advantages`` onto the same keys, read the rows back."""
+        size = self.config.grpo.group_size
+        rewards = (await self.replay.read_groups(groups, fields=["reward"]))["reward"].reshape(len(groups), size)
+        advantages = grouped_advantages(rewards.float())
+        for i, g in enumerate(groups):
+            await self.replay.write_fields(g.group_id, {"advantages": advantages[i].reshape(size, 1).contiguous()})
+        data = await self.replay.read_groups(groups)
+        rows = []
+        for i in range(len(groups) * size):
+            row: dict[str, Any] = {f: data[f][i] for f in ("prompt", "completion", "logprobs", "reward", "advantages")}
+            row.update({f: int(data[f][i].reshape(-1)[0]) for f in ROW_ID_FIELDS})
+            rows.append(row)
+        draws = sorted({row["draw_seq"] for row in rows})
+        return TrainBatch.from_rows(rows), draws
+
+    async def _save(self, step: int) -> dict[str, Any]:
+        stats = self.replay.barrier.stats()
+        try:
+            report = await save_bundle(self.save_parts, step)
+        except Exception as exc:
+            logger.error("save of step %d failed: %s: %s", step, type(exc).__name__, exc)
+            if self.config.save_failure == "stop":
+                raise SaveFailedError(f"save of step {step} to {self.store.url} failed: {exc}") from exc
+            return {"save_error": f"{type(exc).__name__}: {exc}"}
+        self.saves.append(report)
+        waits = self.replay.barrier.stats().mutation_waits[len(stats.mutation_waits) :]
+        return {
+            "saved": step,
+            "save_s": report.total_s,
+            "window_s": report.window_s,
+            "stall_max_s": max(waits, default=0.0),
+        }
+
+    # --- helpers -----------------------------------------------------------------------------------
+
+    async def _wait(self, predicate: Callable[[], bool]) -> None:
+        async with self._progress:
+            await self._progress.wait_for(predicate)
+
+    async def _unconsumed_draws(self) -> list[int]:
+        """Draws still waiting to be trained: committed groups' rows plus reserved groups."""
+        out = [v["draw_seq"] for v in self.state.pending.values()]
+        committed = [g for g in self.replay.groups() if g.committed]
+        if committed:
+            data = await self.replay.read_groups(committed, fields=["draw_seq"])
+            out.extend(int(x) for x in data["draw_seq"].reshape(-1).unique().tolist())
+        return sorted(out)
+
+
+def _hold_hook_from_env() -> Callable[[int], Awaitable[None]] | None:
+    """Crash-test hook: with ``RLCKPT_TEST_HOLD_SAVE=STEP:PATH`` the save of STEP touches PATH and
+    hangs just before COMMIT, so a test can SIGKILL the run in the middle of a save."""
+    spec = os.environ.get(HOLD_SAVE_ENV)
+    if not spec:
+        return None
+    hold_step, path = spec.split(":", 1)
+
+    async def hold(step: int) -> None:
+        if step != int(hold_step):
+            return
+        logger.warning("%s: holding the save of step %d before COMMIT until killed", HOLD_SAVE_ENV, step)
+        Path(path).touch()
+        while True:
+            await asyncio.sleep(3600)
+
+    return hold

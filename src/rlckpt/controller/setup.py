@@ -1,0 +1,131 @@
+"""setup_single_controller: the driver builds every object, in ARCHITECTURE's restore order.
+
+1. newest committed bundle (store verifies marker and manifest)
+2. trainer state and dataloader position
+3. the bootstrap client restores TransferQueue from the bundle's ``data_plane/``
+4. only now: the connect-only client and the replay buffer (asserted by RestorePhase)
+5. the controller actor, created with the data-plane metadata read back in 3
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlckpt.checkpoint.phase import RestorePhase
+from rlckpt.checkpoint.restore import RestoredRun, restore_run
+from rlckpt.controller.actor import SingleControllerActor
+from rlckpt.controller.args import RestoredIndex, SingleControllerActorArgs
+from rlckpt.controller.config import TrainConfig
+from rlckpt.controller.connect import connect_only_data_plane, replay_buffer_spec
+from rlckpt.controller.handles import GeneratorHandle
+from rlckpt.controller.loop import LoopState, RunSummary
+from rlckpt.controller.policy import TQPolicy
+from rlckpt.errors import CheckpointError
+from rlckpt.grpo import DigitSumTask, PromptLoader, make_generation_actor
+from rlckpt.store import BundleStore
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SingleController:
+    """What the driver holds: the actor, the trainer side (owner of TransferQueue) and the store."""
+
+    actor: Any
+    policy: TQPolicy
+    store: BundleStore
+    restored: RestoredRun | None
+    phase: RestorePhase
+    setup_s: float
+    extra_actors: list[Any] = field(default_factory=list)
+
+    def run(self, on_event: Callable[[dict[str, Any]], None] | None = None, poll_s: float = 0.5) -> RunSummary:
+        """Run the actor to completion, forwarding its progress events; re-raises its failure."""
+        import ray
+
+        ref = self.actor.run.remote()
+        while True:
+            ready, _ = ray.wait([ref], timeout=poll_s)
+            for event in ray.get(self.actor.drain_events.remote()):
+                if on_event:
+                    on_event(event)
+            if ready:
+                return RunSummary(**ray.get(ref))
+
+    def shutdown(self) -> None:
+        """Stop the actors and TransferQueue (the bootstrap client owns it)."""
+        import ray
+
+        for actor in [self.actor, *self.extra_actors, self.policy.worker]:
+            ray.kill(actor, no_restart=True)
+        asyncio.run(self.policy.data_plane.close())
+
+
+def setup_single_controller(config: TrainConfig) -> SingleController:
+    """Build everything on the driver (Ray must be running); restore the newest bundle unless fresh."""
+    import ray
+
+    started = time.perf_counter()
+    store = BundleStore(config.run_dir, config.storage_options)
+    if config.fresh and store.steps():
+        raise CheckpointError(
+            f"--fresh but {store.url} already holds committed bundles (steps {store.steps()}); "
+            "use a new run dir, or resume without --fresh"
+        )
+    task = DigitSumTask(seed=config.task_seed, num_prompts=config.num_prompts)
+    loader = PromptLoader(task, config.grpo.prompts_per_step, seed=config.grpo.seed)
+    phase = RestorePhase()
+
+    policy = TQPolicy(config.grpo, config.tq_config)  # trainer worker + bootstrap client (starts TQ)
+    if config.fresh:
+        phase.start_fresh()
+        restored = None
+    else:  # 1-3: bundle → trainer state, loader position → TQ restored by the bootstrap client
+        restored = asyncio.run(
+            restore_run(
+                store,
+                trainer=policy,
+                bootstrap=policy.data_plane,
+                phase=phase,
+                staging_root=config.staging_dir,
+                expected_mode=config.mode,
+            )
+        )
+    loop_state = LoopState.from_state(restored.loader_state, loader) if restored else LoopState()
+
+    data_plane = connect_only_data_plane(phase, config.tq_config)  # 4: asserted order
+    replay = replay_buffer_spec(phase, partition_id=config.partition_id, group_size=config.grpo.group_size)
+    generator = make_generation_actor(config.grpo, task, num_cpus=0)
+
+    args = SingleControllerActorArgs(
+        config=config,
+        task=task,
+        loader=loader,
+        loop_state=loop_state,
+        trainer=policy.handle(),
+        generator=GeneratorHandle(generator),
+        data_plane=data_plane,
+        replay=replay,
+        restored=_restored_index(restored),
+    )
+    actor = ray.remote(SingleControllerActor).options(num_cpus=0).remote(args)  # 5
+    seconds = time.perf_counter() - started
+    logger.info("controller set up in %.1fs (%s)", seconds, f"resumed step {restored.step}" if restored else "fresh")
+    return SingleController(actor, policy, store, restored, phase, seconds, extra_actors=[generator])
+
+
+def _restored_index(restored: RestoredRun | None) -> RestoredIndex | None:
+    if restored is None:
+        return None
+    return RestoredIndex(
+        step=restored.step,
+        index_digest=restored.index_digest,
+        group_count=restored.group_count,
+        mode=restored.mode,
+        replay_state=restored.replay_state,
+    )
