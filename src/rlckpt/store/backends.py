@@ -159,13 +159,21 @@ class ObjectBackend(Backend):
 
     def finish_write(self, raw: Any, path: str, ok: bool) -> None:
         if ok:
-            raw.close()
-            raw.commit()
-        else:
             try:
-                raw.discard()  # aborts a multipart upload, publishes nothing
-            finally:
-                raw.closed = True  # fsspec's __del__ would otherwise try to flush the discarded buffer
+                raw.close()
+                raw.commit()
+                return
+            except BaseException:
+                self._discard_file(raw)
+                raise
+        self._discard_file(raw)
+
+    @staticmethod
+    def _discard_file(raw: Any) -> None:
+        try:
+            raw.discard()  # aborts a multipart upload, publishes nothing
+        finally:
+            raw.closed = True  # fsspec's __del__ would otherwise try to flush the discarded buffer
 
     def publish(self, step_dir: str, txid: str, manifest: bytes, commit: bytes) -> None:
         try:

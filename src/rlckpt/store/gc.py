@@ -9,6 +9,7 @@ transaction that began during gc is always covered by an intent gc has seen.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     from .store import BundleStore
 
 log = logging.getLogger(__name__)
+
+PROBE_GRACE = 60.0  # seconds
 
 
 @dataclass
@@ -89,6 +92,13 @@ def run_gc(store: BundleStore, keep_last: int | None, dry_run: bool, stale_after
             continue
         report.removed.append(backend.path(TMP_DIR, name))
         _do(dry_run, lambda n=name: _rm_if_exists(fs, backend.path(TMP_DIR, n), recursive=True))
+
+    # probe keys a crashed probe left (a probe lives for two small PUTs; allow a minute)
+    now = time.time()
+    for key, mtime in sorted(inv.probes.items()):
+        if mtime is None or now - mtime >= min(threshold, PROBE_GRACE):
+            report.removed.append(key)
+            _do(dry_run, lambda k=key: _rm_if_exists(fs, k))
 
     # 4. incomplete multipart uploads under the run (S3 only) of steps with no live transaction
     for key, upload_id in _multipart_uploads(store):

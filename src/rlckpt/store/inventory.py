@@ -7,7 +7,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from .paths import COMMIT_NAME, TMP_DIR, TXN_DIR, parse_step_dirname
+from .paths import COMMIT_NAME, PROBE_DIR, TMP_DIR, TXN_DIR, parse_step_dirname
 
 
 @dataclass
@@ -17,6 +17,7 @@ class Inventory:
     steps: dict[int, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
     intents: list[str] = field(default_factory=list)  # full paths of _txn/*.json
     tmp_dirs: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))  # name -> full paths
+    probes: dict[str, float | None] = field(default_factory=dict)  # create-exclusive probe keys -> mtime
 
     def committed_marker(self, step: int) -> bool:
         return COMMIT_NAME in self.steps.get(step, {})
@@ -36,6 +37,8 @@ def scan(fs: Any, root: str) -> Inventory:
         head, _, rest = rel.partition("/")
         if head == TXN_DIR and rest:
             inv.intents.append(path)
+        elif head == PROBE_DIR and rest:
+            inv.probes[path] = _mtime(info)
         elif head == TMP_DIR and rest:
             inv.tmp_dirs[rest.split("/", 1)[0]].append(path)
         else:
@@ -69,3 +72,11 @@ def _add_empty_dirs(fs: Any, root: str, inv: Inventory) -> None:
         elif name == TMP_DIR:
             for sub in fs.ls(info["name"], detail=True):
                 inv.tmp_dirs.setdefault(sub["name"].rstrip("/").rsplit("/", 1)[-1], [])
+
+
+def _mtime(info: dict[str, Any]) -> float | None:
+    """Modification time (unix) from an fsspec info dict: `mtime` (local) or `LastModified` (S3)."""
+    if isinstance(info.get("mtime"), (int, float)):
+        return float(info["mtime"])
+    last = info.get("LastModified")
+    return last.timestamp() if hasattr(last, "timestamp") else None

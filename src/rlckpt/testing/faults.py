@@ -55,6 +55,12 @@ class _FaultyFile:
             return call
         return attr
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._inner, name, value)
+
     def __enter__(self) -> _FaultyFile:
         return self
 

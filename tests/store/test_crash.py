@@ -1,0 +1,151 @@
+"""Crash consistency: a storage call fails at every point k of a full save (a process that dies there, or a
+single transient failure), and a writer process killed with SIGKILL mid-save."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from rlckpt.store import BundleStore
+from rlckpt.testing.faults import FaultPlan, FaultyFileSystem, InjectedFault
+from rlckpt.testing.store_checks import all_paths, debris, multipart_uploads, sample_payload, save_sample
+
+
+_FS_CACHE: dict[str, object] = {}
+
+
+def real_fs(url, options):
+    """One real filesystem per run URL (a new S3FileSystem costs ~0.3 s)."""
+    if url not in _FS_CACHE:
+        _FS_CACHE[url] = BundleStore(url, options).fs
+    return _FS_CACHE[url]
+
+
+def clean_store(url, options):
+    return BundleStore(url, options, fs=real_fs(url, options))
+
+
+def make_store(url, options, plan=None):
+    """A store whose filesystem is a real one behind the fault injector (one worker: deterministic order)."""
+    return BundleStore(url, options, fs=FaultyFileSystem(real_fs(url, options), plan or FaultPlan()), max_workers=1)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    src = tmp_path / "dp"
+    src.mkdir()
+    (src / "rows-0.bin").write_bytes(b"r0" * 500)
+    (src / "rows-1.bin").write_bytes(b"r1" * 700)
+    return src
+
+
+def calls_of_a_full_save(url, options, tree, step):
+    probe = make_store(url, options)
+    save_sample(probe, step, local_dir=tree)
+    n = probe.fs.plan.count
+    probe.gc(keep_last=None)
+    clean_store(url, options)._backend.delete_bundle(f"step_{step}")
+    return n
+
+
+def check_after_crash(url, options, earlier, step, saved):
+    clean = clean_store(url, options)
+    expected = earlier + ([step] if saved else [])
+    assert clean.steps() == expected
+    assert clean.latest() == expected[-1]
+    for s in earlier:
+        bundle = clean.open(s)
+        bundle.verify()
+        assert bundle.read_bytes("train_dataloader.pt") == sample_payload(s)["train_dataloader.pt"]
+    clean.gc(stale_after=0)
+    assert debris(clean) == []
+    assert clean.steps() == expected
+    return clean
+
+
+@pytest.mark.parametrize("sticky", [True, False], ids=["dies-at-k", "fails-once-at-k"])
+def test_failure_at_every_storage_call_of_a_save_keeps_earlier_bundles(store_location, tree, sticky):
+    url, options = store_location
+    base = clean_store(url, options)
+    save_sample(base, 1, local_dir=tree)
+    total = calls_of_a_full_save(url, options, tree, 3)
+    assert total > 10
+    outcomes = []
+    for k in range(1, total + 1):
+        store = make_store(url, options, FaultPlan(fail_at=k, sticky=sticky))
+        try:
+            save_sample(store, 3, local_dir=tree)
+            saved = True
+        except Exception as exc:  # the injected fault, possibly wrapped (e.g. in StoreUnavailableError)
+            assert isinstance(exc, InjectedFault) or isinstance(exc.__cause__, InjectedFault), exc
+            saved = False
+        outcomes.append(saved)
+        clean = check_after_crash(url, options, [1], 3, saved)
+        if saved:
+            clean._backend.delete_bundle("step_3")
+    assert not all(outcomes), "no injected fault stopped the save"
+    save_sample(clean, 3, local_dir=tree)  # after gc the step is writable again
+    clean.open(3).verify()
+
+
+def test_transient_failure_is_cleaned_up_by_abort_without_gc(store_location, tree):
+    url, options = store_location
+    base = clean_store(url, options)
+    save_sample(base, 1)
+    before = all_paths(base)
+    total = calls_of_a_full_save(url, options, tree, 2)
+    store = make_store(url, options, FaultPlan(fail_at=total // 2, sticky=False))
+    with pytest.raises(Exception):
+        save_sample(store, 2, local_dir=tree)
+    assert all_paths(base) == before
+
+
+WRITER = textwrap.dedent(
+    """
+    import json, sys, time
+    from rlckpt.store import BundleStore
+    url, options = sys.argv[1], json.loads(sys.argv[2])
+    store = BundleStore(url, options)
+    txn = store.begin(2)
+    txn.write_bytes("small.bin", b"s" * 1000)
+    stream = txn.open("big.bin")
+    stream.write(b"b" * (20 << 20))   # more than one multipart part on S3
+    stream.flush()
+    print("writing", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_sigkilled_writer_leaves_earlier_bundle_intact_and_gc_cleans_up(store_location):
+    url, options = store_location
+    store = BundleStore(url, options)
+    save_sample(store, 1)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, url, json.dumps(options or {})],
+        stdout=subprocess.PIPE,
+        env=dict(os.environ),
+    )
+    try:
+        assert proc.stdout.readline().strip() == b"writing"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert store.steps() == [1]
+    store.open(1).verify()
+    states = {e.step: e.state for e in store.entries()}
+    assert states == {1: "committed", 2: "stale"}  # the writer's pid is dead: stale at once
+    if options:
+        assert multipart_uploads(store), "the killed writer should have left an incomplete upload"
+    report = store.gc()  # default threshold: a dead pid on this host is enough
+    assert report.live == []
+    assert debris(store) == []
+    assert store.steps() == [1]
+    save_sample(store, 2)
+    assert store.steps() == [1, 2]
