@@ -46,6 +46,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--keep-last", type=_positive, default=None, metavar="K", help="after each commit keep only the K newest bundles (default: keep all)")
     parser.add_argument("--staging-dir", default=None, metavar="DIR", help="local staging for data-plane snapshots (default: /dev/shm when available)")
     parser.add_argument("--save-failure", choices=("stop", "continue"), default="stop", help="what a failed save does: stop the run (default) or log and go on")
+    parser.add_argument("--ray-temp-dir", default=None, metavar="DIR", help="where the private Ray cluster keeps sockets and logs (default: a new dir under /tmp, removed at exit)")
     parser.add_argument("--no-compress", action="store_true", help="store data-plane files without zstd")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON line on stdout")
     _common.add_verbose_argument(parser)
@@ -85,8 +86,9 @@ def run(args: argparse.Namespace) -> int:
         staging_dir=args.staging_dir,
         save_failure=args.save_failure,
         compress_data_plane=not args.no_compress,
+        ray_temp_dir=args.ray_temp_dir,
     )
-    ray_dir = tempfile.mkdtemp(prefix="rlckpt-ray-", dir="/tmp")
+    ray_dir = args.ray_temp_dir or tempfile.mkdtemp(prefix="rlckpt-ray-", dir="/tmp")
     start_local_ray(ray_dir, log_to_driver=args.verbose > 0)
     controller = None
     try:

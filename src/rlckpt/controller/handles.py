@@ -84,9 +84,12 @@ class LocalGenerator:
 
     def __init__(self, worker: GenerationWorker) -> None:
         self.worker = worker
+        self._lock = asyncio.Lock()  # like a Ray actor: one call at a time, weights never swapped mid-sample
 
     async def set_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        self.worker.set_weights(weights, version)
+        async with self._lock:
+            self.worker.set_weights(weights, version)
 
     async def generate(self, prompts: Sequence[Prompt]) -> list[dict[str, Any]]:
-        return await asyncio.to_thread(self.worker.generate, list(prompts))
+        async with self._lock:
+            return await asyncio.to_thread(self.worker.generate, list(prompts))

@@ -1,0 +1,143 @@
+"""restore_run: verify everything, refuse mismatched pieces, and only then load — in that order."""
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlckpt.checkpoint import layout
+from rlckpt.checkpoint.phase import Phase, RestorePhase
+from rlckpt.checkpoint.restore import restore_run
+from rlckpt.controller.config import TrainConfig
+from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
+from rlckpt.errors import CheckpointError, CorruptBundleError, RestoreOrderError, RestoreRefusedError
+from rlckpt.grpo import GRPOConfig
+from rlckpt.store import BundleStore
+from rlckpt.testing.controller import run_in_process
+
+SMALL = GRPOConfig(group_size=4, prompts_per_step=4)
+
+
+class SpyTrainer:
+    def __init__(self) -> None:
+        self.loaded: list[bytes] = []
+
+    def load_state_bytes(self, data: bytes) -> None:
+        self.loaded.append(data)
+
+
+def _train(run_dir: str, steps: int, options=None, mode: str = "in_order") -> None:
+    config = TrainConfig(run_dir=run_dir, steps=steps, save_every=2, grpo=SMALL, storage_options=options, mode=mode)
+    asyncio.run(run_in_process(config))
+
+
+def _restore(store: BundleStore, plane: InMemoryStore | None = None, phase: RestorePhase | None = None, **kw):
+    trainer = SpyTrainer()
+    phase = phase or RestorePhase()
+    bootstrap = InMemoryDataPlane(plane if plane is not None else InMemoryStore())
+    result = asyncio.run(restore_run(store, trainer=trainer, bootstrap=bootstrap, phase=phase, **kw))
+    return result, trainer, phase, bootstrap
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory) -> str:
+    """A run dir with committed bundles at steps 2 and 4 (local disk)."""
+    run_dir = str(tmp_path_factory.mktemp("trained") / "run")
+    _train(run_dir, 4)
+    return run_dir
+
+
+def _copy_run(src: str, dst: Path) -> str:
+    import shutil
+
+    shutil.copytree(src, dst / "run")
+    return str(dst / "run")
+
+
+def test_no_bundle_means_a_fresh_start(tmp_path):
+    result, trainer, phase, _ = _restore(BundleStore(str(tmp_path / "empty")))
+    assert result is None
+    assert phase.state is Phase.FRESH
+    assert trainer.loaded == []
+
+
+def test_restore_loads_the_newest_bundle_into_trainer_loader_and_data_plane(trained_run):
+    store = BundleStore(trained_run)
+    result, trainer, phase, bootstrap = _restore(store)
+    bundle = store.open(4)
+    assert result.step == 4 and phase.state is Phase.RESTORED
+    assert trainer.loaded == [bundle.read_bytes(layout.POLICY_FILE)]
+    assert result.loader_state["step"] == 4
+    indexed = sorted(s for g in result.replay_state["groups"] for s in g["sample_ids"])
+    assert asyncio.run(bootstrap.list_sample_ids("rollouts")) == indexed
+    assert result.index_digest == bundle.manifest.metadata[layout.META_INDEX_DIGEST]
+
+
+def test_restore_works_from_s3_with_an_empty_staging_dir(tmp_path, s3_run_url, s3_storage_options):
+    _train(s3_run_url, 2, options=s3_storage_options)
+    staging = tmp_path / "staging"
+    result, _, phase, _ = _restore(BundleStore(s3_run_url, s3_storage_options), staging_root=str(staging))
+    assert result.step == 2 and phase.state is Phase.RESTORED
+    assert list(staging.iterdir()) == []  # staging is cleaned up after the load
+
+
+def test_sidecar_and_snapshot_from_different_saves_are_refused_before_anything_loads(trained_run, tmp_path):
+    run_dir = _copy_run(trained_run, tmp_path)
+    store = BundleStore(run_dir)
+    old, new = store.open(2), store.open(4)
+    with store.begin(6) as txn:  # a buggy writer: replay index of step 2, everything else of step 4
+        for rel in new.manifest.files:
+            source = old if rel == layout.REPLAY_FILE else new
+            txn.write_bytes(rel, source.read_bytes(rel))
+        txn.commit(dict(new.manifest.metadata))
+    plane = InMemoryStore()
+    with pytest.raises(CorruptBundleError, match="different saves"):
+        _restore(store, plane=plane)
+    assert plane.is_empty()
+
+
+def test_a_refused_bundle_leaves_the_phase_closed_to_connect_only_clients(trained_run, tmp_path):
+    run_dir = _copy_run(trained_run, tmp_path)
+    snapshot_meta = Path(run_dir) / "step_4" / layout.DATA_PLANE_METADATA
+    os.remove(snapshot_meta)
+    phase = RestorePhase()
+    with pytest.raises(CorruptBundleError):
+        _restore(BundleStore(run_dir), phase=phase)
+    with pytest.raises(RestoreOrderError):
+        phase.require_ready("the connect-only data-plane client")
+
+
+def test_a_flipped_byte_in_the_policy_is_caught_before_the_trainer_loads_it(trained_run, tmp_path):
+    run_dir = _copy_run(trained_run, tmp_path)
+    path = Path(run_dir) / "step_4" / layout.POLICY_FILE
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    trainer_calls: list[bytes] = []
+    plane = InMemoryStore()
+    with pytest.raises(CorruptBundleError, match="policy/state.pt"):
+        asyncio.run(
+            restore_run(
+                BundleStore(run_dir),
+                trainer=type("T", (), {"load_state_bytes": lambda self, b: trainer_calls.append(b)})(),
+                bootstrap=InMemoryDataPlane(plane),
+                phase=RestorePhase(),
+            )
+        )
+    assert trainer_calls == [] and plane.is_empty()
+
+
+def test_restore_onto_a_data_plane_another_client_touched_is_refused(trained_run):
+    plane = InMemoryStore()
+    asyncio.run(InMemoryDataPlane(plane).put_samples("other", ["k:0"], {"x": torch.zeros(1, 1)}))
+    phase = RestorePhase()
+    with pytest.raises(RestoreRefusedError):
+        _restore(BundleStore(trained_run), plane=plane, phase=phase)
+    assert phase.state is Phase.FAILED
+
+
+def test_resuming_in_another_mode_is_refused_with_the_mode_to_use(trained_run):
+    with pytest.raises(CheckpointError, match="--mode in_order"):
+        _restore(BundleStore(trained_run), expected_mode="async")

@@ -1,0 +1,160 @@
+"""save_bundle: one transaction per save; nothing is committed unless every piece agrees.
+
+Same body on local disk and on S3 (moto) through ``store_location``; the data plane is the
+in-memory adapter (the real-TransferQueue path runs in tests/e2e).
+"""
+
+import asyncio
+import json
+
+import pytest
+import torch
+
+from rlckpt.checkpoint import codec, layout
+from rlckpt.checkpoint.save import SaveParticipants, save_bundle
+from rlckpt.dataplane.memory import InMemoryDataPlane
+from rlckpt.errors import InventoryMismatchError
+from rlckpt.replay import DataPlaneCheckpointBarrier, ReplayBuffer
+from rlckpt.store import BundleStore
+
+GROUP = 4
+
+
+class FakePolicy:
+    def __init__(self, payload: bytes = b"weights-and-adam") -> None:
+        self.payload = payload
+
+    async def state_bytes(self) -> bytes:
+        return self.payload
+
+
+class FailingPolicy:
+    async def state_bytes(self) -> bytes:
+        raise RuntimeError("trainer worker died")
+
+
+def _rows(seed: int) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [{"completion": torch.randint(0, 10, (6,), generator=g), "reward": torch.rand(1, generator=g)} for _ in range(GROUP)]
+
+
+async def _parts(url, options, policy=None, groups=3, pending=1):
+    plane = InMemoryDataPlane()
+    replay = ReplayBuffer(plane, DataPlaneCheckpointBarrier(), partition_id="rollouts", group_size=GROUP)
+    for i in range(groups):
+        gid = replay.reserve(weight_version=0, target_step=0)
+        await replay.commit(gid, _rows(i), start_weight=0, end_weight=0)
+    for _ in range(pending):
+        replay.reserve(weight_version=0, target_step=1)
+    parts = SaveParticipants(
+        store=BundleStore(url, options),
+        policy=policy or FakePolicy(),
+        replay=replay,
+        data_plane=plane,
+        capture_loader_state=lambda: {"position": 7},
+        staging_root=None,
+    )
+    return parts, plane
+
+
+def test_save_commits_every_piece_with_its_digest(store_location):
+    url, options = store_location
+    parts, _ = asyncio.run(_parts(url, options))
+    report = asyncio.run(save_bundle(parts, 2))
+    bundle = BundleStore(url, options).open(2)
+    files = set(bundle.manifest.files)
+    assert {layout.POLICY_FILE, layout.LOADER_FILE, layout.REPLAY_FILE, layout.DATA_PLANE_METADATA} <= files
+    assert bundle.read_bytes(layout.POLICY_FILE) == b"weights-and-adam"
+    assert codec.loads(bundle.read_bytes(layout.LOADER_FILE), origin="t") == {"position": 7}
+    index = codec.loads(bundle.read_bytes(layout.REPLAY_FILE), origin="t")
+    assert bundle.manifest.metadata[layout.META_INDEX_DIGEST] == index["digest"]
+    assert bundle.manifest.metadata[layout.META_GROUP_COUNT] == 4 == report.group_count
+    snapshot_meta = json.loads(bundle.read_bytes(layout.DATA_PLANE_METADATA))["user_metadata"]
+    assert snapshot_meta[layout.META_INDEX_DIGEST] == index["digest"]
+    bundle.verify()
+
+
+def test_data_plane_files_are_zstd_compressed_when_asked(store_location):
+    url, options = store_location
+    parts, _ = asyncio.run(_parts(url, options))
+    asyncio.run(save_bundle(parts, 2))
+    files = BundleStore(url, options).open(2).manifest.files
+    assert {e.compression for p, e in files.items() if p.startswith("data_plane/")} == {"zstd"}
+    assert files[layout.POLICY_FILE].compression is None
+
+
+def test_inline_mode_writes_the_same_bundle_layout(store_location):
+    url, options = store_location
+    parts, _ = asyncio.run(_parts(url, options))
+    report = asyncio.run(save_bundle(parts, 3, mode="inline"))
+    assert report.mode == "inline"
+    BundleStore(url, options).open(3).verify()
+
+
+def test_inventory_mismatch_aborts_the_save_and_keeps_the_previous_bundle_newest(store_location):
+    url, options = store_location
+    parts, plane = asyncio.run(_parts(url, options))
+    asyncio.run(save_bundle(parts, 2))
+    victim = parts.replay.groups()[0].sample_ids[1]
+    asyncio.run(plane.clear_samples("rollouts", [victim]))  # behind the index's back
+    with pytest.raises(InventoryMismatchError, match=victim):
+        asyncio.run(save_bundle(parts, 4))
+    store = BundleStore(url, options)
+    assert store.steps() == [2]
+    assert store.latest() == 2
+    assert [e.step for e in store.entries() if e.state == "committed"] == [2]
+
+
+def test_a_row_written_behind_the_index_also_aborts_the_save(store_location):
+    url, options = store_location
+    parts, plane = asyncio.run(_parts(url, options))
+    asyncio.run(plane.put_samples("rollouts", ["stray:0"], {"reward": torch.zeros(1, 1)}))
+    with pytest.raises(InventoryMismatchError, match="stray:0"):
+        asyncio.run(save_bundle(parts, 2))
+    assert BundleStore(url, options).steps() == []
+
+
+def test_a_failing_policy_write_commits_nothing(store_location):
+    url, options = store_location
+    parts, _ = asyncio.run(_parts(url, options, policy=FailingPolicy()))
+    with pytest.raises(RuntimeError, match="trainer worker died"):
+        asyncio.run(save_bundle(parts, 2))
+    assert BundleStore(url, options).steps() == []
+
+
+def test_the_window_releases_the_barrier_after_a_failed_save(store_location):
+    url, options = store_location
+    parts, plane = asyncio.run(_parts(url, options))
+    asyncio.run(plane.put_samples("rollouts", ["stray:0"], {"reward": torch.zeros(1, 1)}))
+    with pytest.raises(InventoryMismatchError):
+        asyncio.run(save_bundle(parts, 2))
+    assert not parts.replay.barrier.checkpoint_active
+    assert parts.replay.barrier.mutations_in_flight == 0
+
+
+def test_rollout_commits_wait_while_the_window_is_held_and_proceed_after():
+    async def scenario(tmp):
+        parts, _ = await _parts(tmp, None, groups=1, pending=0)
+        order = []
+        async with parts.replay.barrier.checkpoint():
+            gid = parts.replay.reserve(weight_version=0, target_step=0)
+            commit = asyncio.create_task(parts.replay.commit(gid, _rows(9), start_weight=0, end_weight=0))
+            await asyncio.sleep(0.01)
+            order.append(("window", commit.done()))
+        await commit
+        order.append(("after", commit.done()))
+        return order
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        assert asyncio.run(scenario(tmp + "/run")) == [("window", False), ("after", True)]
+
+
+def test_retention_keeps_only_the_newest_bundles(store_location):
+    url, options = store_location
+    parts, _ = asyncio.run(_parts(url, options))
+    parts.keep_last = 2
+    for step in (1, 2, 3):
+        asyncio.run(save_bundle(parts, step))
+    assert BundleStore(url, options).steps() == [2, 3]
