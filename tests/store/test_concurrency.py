@@ -1,0 +1,117 @@
+"""Exclusivity: two (or more) writers of the same step, as threads or processes: exactly one commits."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from rlckpt.errors import BundleExistsError
+from rlckpt.store import BundleStore
+
+
+def attempt(store: BundleStore, step: int, tag: bytes) -> str:
+    try:
+        with store.begin(step) as txn:
+            txn.write_bytes("who", tag)
+            txn.write_bytes("payload", tag * 1000)
+            txn.commit({"who": tag.decode()})
+        return "committed"
+    except BundleExistsError:
+        return "refused"
+
+
+def test_threads_writing_one_step_commit_exactly_once(store_location):
+    url, options = store_location
+    store = BundleStore(url, options)
+    store.steps()  # connect once before the race
+    barrier = threading.Barrier(4)
+    results: dict[int, str] = {}
+
+    def run(i: int) -> None:
+        barrier.wait()
+        results[i] = attempt(store, 9, b"t%d" % i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(results.values()) == ["committed", "refused", "refused", "refused"]
+    winner = next(i for i, r in results.items() if r == "committed")
+    bundle = store.open(9)
+    bundle.verify()
+    assert bundle.read_bytes("who") == b"t%d" % winner
+    assert bundle.read_bytes("payload") == b"t%d" % winner * 1000
+
+
+PROCESS_WRITER = textwrap.dedent(
+    """
+    import json, sys, time
+    from rlckpt.errors import BundleExistsError
+    from rlckpt.store import BundleStore
+    url, options, tag, start_at = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3].encode(), float(sys.argv[4])
+    store = BundleStore(url, options)
+    store.steps()
+    time.sleep(max(0.0, start_at - time.time()))
+    try:
+        with store.begin(9) as txn:
+            txn.write_bytes("who", tag)
+            txn.write_bytes("payload", tag * 1000)
+            txn.commit()
+        print("committed")
+    except BundleExistsError:
+        print("refused")
+    """
+)
+
+
+def test_processes_writing_one_step_commit_exactly_once(store_location):
+    url, options = store_location
+    start_at = time.time() + 2.5  # both interpreters are up and connected by then
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", PROCESS_WRITER, url, json.dumps(options or {}), f"p{i}", str(start_at)],
+            stdout=subprocess.PIPE,
+            env=dict(os.environ),
+        )
+        for i in range(2)
+    ]
+    outs = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0
+        outs.append(out.decode().strip())
+    assert sorted(outs) == ["committed", "refused"]
+    winner = outs.index("committed")
+    bundle = BundleStore(url, options).open(9)
+    bundle.verify()
+    assert bundle.read_bytes("who") == b"p%d" % winner
+
+
+def test_second_begin_of_a_step_being_written_is_refused_naming_the_holder(store_location):
+    url, options = store_location
+    store = BundleStore(url, options)
+    with store.begin(3) as first:
+        with pytest.raises(BundleExistsError, match=first.txid):
+            store.begin(3)
+        first.write_bytes("a", b"1")
+        first.commit()
+    store.open(3).verify()
+
+
+def test_writer_whose_claim_was_taken_over_cannot_commit(store_location):
+    url, options = store_location
+    store = BundleStore(url, options)
+    txn = store.begin(4)
+    txn.write_bytes("a", b"1")
+    store.gc(stale_after=0)  # an operator declares every transaction dead
+    with pytest.raises(BundleExistsError, match="lost its claim"):
+        txn.commit()
+    assert store.steps() == []
