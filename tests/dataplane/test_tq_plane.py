@@ -60,6 +60,7 @@ def test_committed_groups_read_back_dense_and_in_key_order(tq_plane):
         assert set(data) == set(expected)
         for name, value in expected.items():
             assert not data[name].is_nested
+            assert data[name].dtype == value.dtype, name
             assert torch.equal(data[name], value), name
 
     run(main())
@@ -201,10 +202,40 @@ def put_payload(client, rows: int, row_bytes: int, per_put: int) -> int:
     return rows * width * 4
 
 
-def test_snapshot_bytes_stay_within_ten_percent_of_the_payload(tq_plane, tmp_path):
-    payload = put_payload(tq_plane, rows=128, row_bytes=32 * 1024, per_put=32)
-    run(tq_plane.save_checkpoint(tmp_path / "snap", {}))
-    assert dir_bytes(tmp_path / "snap") <= 1.1 * payload
+@pytest.mark.parametrize("row_parser", ["numpy", "torch"])
+def test_snapshot_bytes_stay_within_ten_percent_of_the_payload(tq_session, tmp_path, row_parser):
+    from rlckpt.dataplane.tq_client import TransferQueueClient
+
+    reset_tq_state()
+    try:
+        client = TransferQueueClient(bootstrap=False, row_parser=row_parser)
+        payload = put_payload(client, rows=128, row_bytes=32 * 1024, per_put=32)
+        run(client.save_checkpoint(tmp_path / "snap", {}))
+        assert dir_bytes(tmp_path / "snap") <= 1.1 * payload
+    finally:
+        reset_tq_state()
+
+
+def test_torch_row_parser_rows_read_back_equal(tq_session):
+    from rlckpt.dataplane.tq_client import TransferQueueClient
+
+    reset_tq_state()
+    try:
+        client = TransferQueueClient(bootstrap=False, row_parser="torch")
+        expected = stacked(group_rows(5))
+        run(client.put_samples(P, [f"g:{i}" for i in range(G)], expected))
+        got = run(client.get_samples(P, [f"g:{i}" for i in range(G)]))
+        for name, value in expected.items():
+            assert torch.equal(got[name], value), name
+    finally:
+        reset_tq_state()
+
+
+def test_bfloat16_columns_survive_the_numpy_row_parser(tq_plane):
+    values = torch.randn(3, 5).to(torch.bfloat16)
+    run(tq_plane.put_samples(P, ["b:0", "b:1", "b:2"], {"h": values, "reward": torch.zeros(3)}))
+    got = run(tq_plane.get_samples(P, ["b:0", "b:1", "b:2"]))
+    assert got["h"].dtype == torch.bfloat16 and torch.equal(got["h"], values)
 
 
 def test_without_the_per_row_parser_the_snapshot_blows_up(tq_session, tmp_path):
@@ -212,7 +243,7 @@ def test_without_the_per_row_parser_the_snapshot_blows_up(tq_session, tmp_path):
 
     reset_tq_state()
     try:
-        client = TransferQueueClient(bootstrap=False, per_row_parser=False)
+        client = TransferQueueClient(bootstrap=False, row_parser="none")
         payload = put_payload(client, rows=64, row_bytes=16 * 1024, per_put=16)
         run(client.save_checkpoint(tmp_path / "snap", {}))
         assert dir_bytes(tmp_path / "snap") > 4 * payload

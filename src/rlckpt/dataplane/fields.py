@@ -6,6 +6,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from rlckpt.errors import DataPlaneError
@@ -52,12 +53,23 @@ def batch_fields(fields: Mapping[str, Any], num_rows: int, where: str) -> dict[s
 
 
 def densify(name: str, value: Any, where: str) -> torch.Tensor:
-    """A dense tensor from what a backend returned (nested tensors and row lists are stacked)."""
+    """A dense tensor from what a backend returned.
+
+    Accepts a dense tensor, a nested tensor, a list of tensors, or a list-like of numpy rows
+    (TQ hands numpy rows back as a NonTensorStack); rows must share one shape.
+    """
     if isinstance(value, torch.Tensor) and not value.is_nested:
         return value
-    rows = list(value.unbind()) if isinstance(value, torch.Tensor) else list(value)
+    if isinstance(value, torch.Tensor):
+        rows = list(value.unbind())
+    elif hasattr(value, "tolist") and not isinstance(value, list | tuple):
+        rows = list(value.tolist())
+    else:
+        rows = list(value)
+    rows = [torch.from_numpy(np.array(row)) if isinstance(row, np.ndarray) else row for row in rows]
     if not all(isinstance(row, torch.Tensor) for row in rows):
-        raise DataPlaneError(f"{where}: field {name!r} holds non-tensor values")
+        kinds = sorted({type(row).__name__ for row in rows})
+        raise DataPlaneError(f"{where}: field {name!r} holds non-tensor values {kinds}")
     shapes = {tuple(row.shape) for row in rows}
     if len(shapes) > 1:
         raise DataPlaneError(f"{where}: field {name!r} has ragged rows {sorted(shapes)[:3]}; cannot densify")

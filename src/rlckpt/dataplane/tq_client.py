@@ -19,7 +19,7 @@ import torch
 from rlckpt.dataplane import ray_cluster  # noqa: F401  (sets Ray/TQ env defaults before ray import)
 from rlckpt.dataplane.base import SNAPSHOT_METADATA_FILE, DataPlaneClient, FieldValue
 from rlckpt.dataplane.fields import batch_fields, check_json_metadata, check_keys, densify
-from rlckpt.dataplane.row_parser import split_rows
+from rlckpt.dataplane.row_parser import PARSERS
 from rlckpt.dataplane.threads import run_blocking
 from rlckpt.errors import DataPlaneError, MissingSamplesError, RestoreRefusedError
 
@@ -47,8 +47,10 @@ def controller_running() -> bool:
 class TransferQueueClient(DataPlaneClient):
     """TransferQueue adapter; see the module docstring for bootstrap vs connect-only.
 
-    ``per_row_parser=False`` turns off the storage-side per-row copy (only for the benchmark
-    that shows the snapshot blow-up it prevents).
+    ``row_parser`` picks how storage units keep rows (``rlckpt.dataplane.row_parser``):
+    ``"numpy"`` (default, fastest snapshots), ``"torch"`` (cloned tensors), or ``"none"``
+    (TQ's default: rows are views of their whole put batch; only for the benchmark that shows
+    the snapshot blow-up this causes).
     """
 
     def __init__(
@@ -56,9 +58,11 @@ class TransferQueueClient(DataPlaneClient):
         config: Mapping[str, Any] | None = None,
         *,
         bootstrap: bool,
-        per_row_parser: bool = True,
+        row_parser: str = "numpy",
     ) -> None:
         super().__init__()
+        if row_parser not in PARSERS:
+            raise ValueError(f"TransferQueueClient: row_parser must be one of {sorted(PARSERS)}, got {row_parser!r}")
         import ray
         import transfer_queue as tq
 
@@ -76,7 +80,7 @@ class TransferQueueClient(DataPlaneClient):
                 "the bootstrap client (and any restore) must come first"
             )
         self.bootstrap = bootstrap
-        self._data_parser = split_rows if per_row_parser else None
+        self._data_parser = PARSERS[row_parser]
         self._closed = False
         tq.init(dict(config) if config is not None else dict(DEFAULT_TQ_CONFIG))
         logger.info("TransferQueue %s", "started (owned by this client)" if bootstrap else "connected")
