@@ -92,6 +92,10 @@ osd crush update on start = true
 rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT
 rgw data = $RGW_DIR/rgw
 rgw enable usage log = false
+# Deleted objects' data is freed by RGW's garbage collector, by default after 2 hours: the memstore
+# OSD would keep every benchmark repeat in RAM. Free it within seconds instead.
+rgw gc obj min wait = 0
+rgw gc processor period = 10
 EOF
 }
 
@@ -133,17 +137,17 @@ do_start() {
     ceph-authtool --create-keyring "$RGW_DIR/keyring" --gen-key -n mon. --cap mon 'allow *' >/dev/null
     monmaptool --create --add a "127.0.0.1:$MON_PORT" --fsid "$fsid" "$RGW_DIR/monmap" >/dev/null
     ceph-mon -c "$CONF" --mkfs -i a --monmap "$RGW_DIR/monmap" --keyring "$RGW_DIR/keyring"
-    ceph-mon -c "$CONF" -i a
+    ceph-mon -c "$CONF" -i a 2>>"$RGW_DIR/log/startup.log"
     wait_for 30 "the monitor" ceph_cmd mon stat
 
     log "starting memstore osd"
     ceph_cmd osd new "$osd_uuid" >/dev/null
-    ceph-osd -c "$CONF" -i 0 --mkfs --osd-uuid "$osd_uuid" 2>>"$RGW_DIR/log/osd-mkfs.log"
-    ceph-osd -c "$CONF" -i 0
+    ceph-osd -c "$CONF" -i 0 --mkfs --osd-uuid "$osd_uuid" 2>>"$RGW_DIR/log/startup.log"
+    ceph-osd -c "$CONF" -i 0 2>>"$RGW_DIR/log/startup.log"
     wait_for 60 "osd.0 up" osd_up
 
     log "starting radosgw on $ENDPOINT"
-    radosgw -c "$CONF" -n client.rgw.a
+    radosgw -c "$CONF" -n client.rgw.a 2>>"$RGW_DIR/log/startup.log"
     wait_for 90 "radosgw on $ENDPOINT" rgw_answers
     radosgw-admin -c "$CONF" user create --uid=test --display-name="rlckpt test" \
         --access-key=testing --secret=testing >/dev/null

@@ -23,6 +23,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "rlckpt.cli.verify",
     "rlckpt.cli.gc",
     "rlckpt.cli.train",
+    "rlckpt.cli.bench",
 )
 
 EPILOG = """\

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import sys
 import tempfile
 from dataclasses import asdict
@@ -67,6 +68,15 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def _interrupt_on_sigterm() -> None:
+    """SIGTERM (CI cancel, `kill`, the demo) shuts down like Ctrl-C: actors, TransferQueue, Ray."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -88,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         compress_data_plane=not args.no_compress,
         ray_temp_dir=args.ray_temp_dir,
     )
+    _interrupt_on_sigterm()
     ray_dir = args.ray_temp_dir or tempfile.mkdtemp(prefix="rlckpt-ray-", dir="/tmp")
     start_local_ray(ray_dir, log_to_driver=args.verbose > 0)
     controller = None
@@ -119,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
         if controller is not None:
             controller.shutdown()
         stop_local_ray()
-        shutil.rmtree(ray_dir, ignore_errors=True)
+        if args.ray_temp_dir is None:  # ours: remove it; a user-given dir stays
+            shutil.rmtree(ray_dir, ignore_errors=True)
     result = {**asdict(summary), "bundles": bundles, "run_dir": config.run_dir, "mode": config.mode}
     if args.json:
         print(json.dumps(result, sort_keys=True))

@@ -116,7 +116,7 @@ def _steps_to_check(store: Any, args: argparse.Namespace) -> list[int]:
 def _describe(result: VerifyResult) -> str:
     if result.status == "valid":
         return f"step {result.step}: valid ({result.files} files, {_common.format_size(result.size)})"
-    return f"step {result.step}: {result.status.upper()}: {result.error}"
+    return f"{result.status.upper()}: {result.error}"  # the store's message names step, URL and file
 
 
 def run(args: argparse.Namespace) -> int:
