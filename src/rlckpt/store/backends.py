@@ -15,6 +15,8 @@ from typing import Any
 
 from rlckpt.errors import BundleExistsError
 
+from .digest import sha256_of_stream
+from .manifest import FileEntry
 from .paths import COMMIT_NAME, MANIFEST_NAME, TMP_DIR
 from .storage_errors import is_precondition_failed
 
@@ -108,6 +110,15 @@ class LocalBackend(Backend):
             fsync_path(path)
         elif os.path.exists(path):
             os.remove(path)
+
+    def copy_in(self, local_src: str, path: str) -> FileEntry:
+        """Uncompressed local file into staging: kernel-side copy, then hash what landed, then fsync."""
+        self.fs.makedirs(self.fs._parent(path), exist_ok=True)
+        self.fs.put_file(local_src, path)
+        with self.fs.open(path, "rb") as staged:
+            digest, size = sha256_of_stream(staged)
+        fsync_path(path)
+        return FileEntry(size=size, sha256=digest, logical_size=size, compression=None)
 
     def publish(self, step_dir: str, txid: str, manifest: bytes, commit: bytes) -> None:
         staging = self.data_root(step_dir, txid)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from rlckpt.errors import CorruptBundleError, InvalidPathError, UncommittedBundleError
 
 from .compression import copy_decompressed, decompress_bytes
+from .digest import sha256_of_stream
 from .manifest import CommitMarker, FileEntry, Manifest, sha256_hex
 from .paths import COMMIT_NAME, MANIFEST_NAME, RESERVED_NAMES, step_dirname, validate_relpath
 
@@ -173,8 +174,11 @@ class Bundle:
         os.makedirs(parent, exist_ok=True)
         part = f"{local_path}.{uuid.uuid4().hex[:8]}.part"
         try:
-            with open(part, "wb") as out:
-                self._stream_stored(relpath, out.write, progress)
+            if self.store._backend.local:
+                self._fetch_local(relpath, entry, part, progress)
+            else:
+                with open(part, "wb") as out:
+                    self._stream_stored(relpath, out.write, progress)
             if entry.compression == "zstd":
                 plain = part + ".plain"
                 with open(part, "rb") as src, open(plain, "wb") as dst:
@@ -187,6 +191,16 @@ class Bundle:
             for leftover in (part, part + ".plain"):
                 if os.path.exists(leftover):
                     os.remove(leftover)
+
+    def _fetch_local(self, relpath: str, entry: FileEntry, part: str, progress: Callable[[int], None] | None) -> None:
+        """Local store: kernel-side copy, then hash the copy (what the caller will get) before it is renamed."""
+        try:
+            self.fs.get_file(f"{self._root}/{relpath}", part)
+        except FileNotFoundError:
+            raise self._corrupt(relpath, "is missing") from None
+        with open(part, "rb") as copied:
+            digest, size = sha256_of_stream(copied, on_chunk=progress)
+        self._check(relpath, entry, digest, size)
 
     def files_under(self, relpath: str) -> list[str]:
         """Manifest relpaths under directory `relpath` ('' = all)."""

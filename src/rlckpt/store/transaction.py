@@ -35,6 +35,7 @@ class BundleTransaction:
         self._data_root = store._backend.data_root(self._step_dir, txid)
         self._files: dict[str, FileEntry] = {}
         self._open: dict[str, HashingWriter] = {}
+        self._copying: set[str] = set()  # local fast-path copies in flight
         self._lock = threading.Lock()
         self._state = "open"  # open -> committed | aborted
 
@@ -65,7 +66,7 @@ class BundleTransaction:
 
     def _reserve(self, relpath: str) -> None:
         """Refuse duplicates and file/directory clashes before any byte of `relpath` is written."""
-        taken = set(self._files) | set(self._open)
+        taken = set(self._files) | set(self._open) | self._copying
         if relpath in taken:
             raise InvalidPathError(f"{relpath!r} was already written in step {self.step}")
         parts = relpath.split("/")
@@ -106,11 +107,37 @@ class BundleTransaction:
         return self._files[relpath]
 
     def put_file(self, relpath: str, local_path: str | os.PathLike[str], compression: str | None = None) -> FileEntry:
-        """Copy a local file into the bundle, hashing while streaming."""
+        """Copy a local file into the bundle, hashing while streaming (local store, no compression: a
+        kernel-side copy, then the staged copy is hashed)."""
+        if self.store._backend.local and compression is None:
+            return self._copy_in_local(relpath, os.fspath(local_path))
         with open(local_path, "rb") as src, self.open(relpath, compression=compression) as dst:
             while chunk := src.read(COPY_CHUNK):
                 dst.write(chunk)
         return self._files[relpath]
+
+    def _copy_in_local(self, relpath: str, local_path: str) -> FileEntry:
+        validate_relpath(relpath)
+        if not os.path.isfile(local_path):
+            raise FileNotFoundError(f"put_file source {local_path} is not a file")
+        with self._lock:
+            self._check_open()
+            self._reserve(relpath)
+            self._copying.add(relpath)
+        path = f"{self._data_root}/{relpath}"
+        try:
+            entry = self.store._backend.copy_in(local_path, path)  # type: ignore[attr-defined]
+        except BaseException:
+            with self._lock:
+                self._copying.discard(relpath)
+            if os.path.exists(path):
+                os.remove(path)
+            raise
+        with self._lock:
+            self._copying.discard(relpath)
+            self._check_open()
+            self._files[relpath] = entry
+        return entry
 
     def put_dir(
         self,
@@ -142,8 +169,9 @@ class BundleTransaction:
         """Write manifest.json, then COMMIT (atomically visible); return the manifest."""
         with self._lock:
             self._check_open()
-            if self._open:
-                raise TransactionStateError(f"step {self.step}: files still open at commit: {sorted(self._open)}")
+            if self._open or self._copying:
+                still = sorted(set(self._open) | self._copying)
+                raise TransactionStateError(f"step {self.step}: files still open at commit: {still}")
             files = dict(self._files)
         meta = dict(metadata or {})
         canonical_json(meta)  # refuse non-JSON metadata before anything is published
