@@ -174,6 +174,7 @@ def test_entries_report_committed_and_in_progress_steps(store):
         assert entries[1].created is not None
         assert entries[2].state == "writing"
         assert entries[2].txid == txn.txid
+        assert (entries[2].files, entries[2].size) == (1, 1)
         txn.abort()
     assert [e.step for e in store.entries()] == [1]
 

@@ -16,7 +16,7 @@ class Inventory:
 
     steps: dict[int, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
     intents: list[str] = field(default_factory=list)  # full paths of _txn/*.json
-    tmp_dirs: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))  # name -> full paths
+    tmp_dirs: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))  # name -> {path: size}
     probes: dict[str, float | None] = field(default_factory=dict)  # create-exclusive probe keys -> mtime
 
     def committed_marker(self, step: int) -> bool:
@@ -40,7 +40,7 @@ def scan(fs: Any, root: str) -> Inventory:
         elif head == PROBE_DIR and rest:
             inv.probes[path] = _mtime(info)
         elif head == TMP_DIR and rest:
-            inv.tmp_dirs[rest.split("/", 1)[0]].append(path)
+            inv.tmp_dirs[rest.split("/", 1)[0]][path] = int(info.get("size") or 0)
         else:
             step = parse_step_dirname(head)
             if step is not None and rest:
@@ -71,7 +71,7 @@ def _add_empty_dirs(fs: Any, root: str, inv: Inventory) -> None:
             inv.steps.setdefault(step, {})
         elif name == TMP_DIR:
             for sub in fs.ls(info["name"], detail=True):
-                inv.tmp_dirs.setdefault(sub["name"].rstrip("/").rsplit("/", 1)[-1], [])
+                inv.tmp_dirs.setdefault(sub["name"].rstrip("/").rsplit("/", 1)[-1], {})
 
 
 def _mtime(info: dict[str, Any]) -> float | None:

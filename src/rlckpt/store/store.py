@@ -271,8 +271,8 @@ class BundleStore:
     def _entry(self, step: int, files: dict[str, int], intent: Intent | None, inv: Any) -> StoreEntry:
         path = self._backend.path(step_dirname(step))
         if intent is not None and COMMIT_NAME not in files:
-            staged = inv.tmp_dirs.get(intent.txid, []) if self._backend.local else list(files)
-            size = sum(files.values()) if not self._backend.local else 0
+            staged = inv.tmp_dirs.get(intent.txid, {}) if self._backend.local else files
+            size = sum(staged.values())
             state = "stale" if intent.is_stale(self.stale_after) else "writing"
             created = _iso(intent.started)
             return StoreEntry(step, state, size, len(staged), created, intent.txid, intent.describe(), path)
