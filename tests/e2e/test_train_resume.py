@@ -1,0 +1,102 @@
+"""`rlckpt train` end to end: real TransferQueue on a private Ray cluster per process.
+
+Each run is a new process with a fresh Ray cluster, as a resume on a new machine would be
+(≈30-45 s each: Ray and TransferQueue start-up dominate), so these tests share runs where they can.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from rlckpt.store import BundleStore
+
+pytestmark = pytest.mark.slow
+RUN_TIMEOUT_S = 420
+
+
+def _train(run_dir: str, steps: int, *extra: str, env: dict[str, str] | None = None) -> dict:
+    cmd = [sys.executable, "-m", "rlckpt.cli.main", "train", "--run-dir", run_dir, "--steps", str(steps),
+           "--save-every", "2", "--json", *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
+    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory) -> dict:
+    """0 → 8 uninterrupted, in_order, on local disk: the reference for exact resume."""
+    return _train(str(tmp_path_factory.mktemp("straight") / "run"), 8)
+
+
+def test_in_order_resume_from_local_disk_on_a_fresh_cluster_is_exact(straight_run, tmp_path):
+    run_dir = str(tmp_path / "run")
+    first = _train(run_dir, 4)
+    second = _train(run_dir, 8)
+    assert first["bundles"] == [2, 4]
+    assert second["resumed_from"] == 4 and second["step"] == 8
+    assert second["policy_sha256"] == straight_run["policy_sha256"]
+    assert first["trained_draws"] + second["trained_draws"] == straight_run["trained_draws"]
+
+
+def test_in_order_resume_from_s3_with_an_empty_staging_dir_is_exact(straight_run, tmp_path, s3_run_url, s3_storage_options):
+    options = json.dumps(s3_storage_options)
+    _train(s3_run_url, 4, "--storage-options", options)
+    staging = tmp_path / "fresh-machine-staging"
+    staging.mkdir()
+    second = _train(s3_run_url, 8, "--storage-options", options, "--staging-dir", str(staging))
+    assert second["resumed_from"] == 4
+    assert second["policy_sha256"] == straight_run["policy_sha256"]
+    assert BundleStore(s3_run_url, s3_storage_options).steps() == [2, 4, 6, 8]
+
+
+def test_async_restart_loses_no_prompt_and_trains_none_twice(tmp_path):
+    run_dir = str(tmp_path / "run")
+    first = _train(run_dir, 4, "--mode", "async", "--max-staleness", "2")
+    second = _train(run_dir, 8, "--mode", "async", "--max-staleness", "2")
+    trained = first["trained_draws"] + second["trained_draws"]
+    assert len(trained) == len(set(trained)), "a prompt was trained twice"
+    assert sorted(trained + second["unconsumed_draws"]) == list(range(second["drawn"])), "a prompt was lost"
+
+
+def _kill_run(proc: subprocess.Popen, ray_dir: str) -> None:
+    """SIGKILL the driver and every Ray process of its private cluster (they name its temp dir)."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    subprocess.run(["pkill", "-9", "-f", ray_dir], check=False)
+    time.sleep(1.0)
+
+
+def test_sigkill_in_the_middle_of_a_save_resumes_from_the_previous_bundle(tmp_path):
+    run_dir = str(tmp_path / "run")
+    held = tmp_path / "save-4-is-held"
+    ray_dir = tempfile.mkdtemp(prefix="rlckpt-kill-", dir="/tmp")
+    env = {**os.environ, "RLCKPT_TEST_HOLD_SAVE": f"4:{held}"}
+    cmd = [sys.executable, "-m", "rlckpt.cli.main", "train", "--run-dir", run_dir, "--steps", "6",
+           "--save-every", "2", "--json", "--ray-temp-dir", ray_dir]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not held.exists():
+            assert proc.poll() is None, f"run ended before the save of step 4: {proc.stderr.read().decode()[-3000:]}"
+            assert time.monotonic() < deadline, "the save of step 4 never started"
+            time.sleep(0.2)
+    finally:
+        _kill_run(proc, ray_dir)
+    store = BundleStore(run_dir)
+    assert store.latest() == 2, "the killed save must not be visible"
+    assert any(e.step == 4 and e.state != "committed" for e in store.entries())
+
+    resumed = _train(run_dir, 6)
+    assert resumed["resumed_from"] == 2 and resumed["step"] == 6
+    assert resumed["bundles"] == [2, 4, 6]
+    for step in resumed["bundles"]:
+        store.open(step).verify()
