@@ -109,11 +109,11 @@ def _float_csv(text: str) -> list[float]:
 
 
 def _command_line() -> list[str]:
-    """The `rlckpt bench ...` command as typed (for the results); argv of a test run says so."""
+    """The command as typed, for the results: `rlckpt bench ...`, or `python script ...` for a wrapper."""
     argv = sys.argv
     if "bench" in argv:
         return ["rlckpt", *argv[argv.index("bench"):]]
-    return ["rlckpt", "bench", "(called in-process)"]
+    return ["python", *argv]
 
 
 def _check_destinations(args: argparse.Namespace) -> None:

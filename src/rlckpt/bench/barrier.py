@@ -1,0 +1,322 @@
+"""`rlckpt bench barrier`: how long finished rollouts stall at commit while a save holds the window.
+
+For each data-plane size the benchmark fills TransferQueue through the replay buffer, then for each
+destination × mode runs a rollout pump (fixed commit rate, oldest groups trimmed) and a save every
+``save_gap_s`` seconds through the real ``save_bundle``. Per point it reports each commit's wait
+at the barrier (outside saves, during saves, and for the commits that arrived while the window was
+held), the window length, TransferQueue's own snapshot time and the whole save's time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlckpt.bench.destinations import Destination
+from rlckpt.bench.policy import BlobPolicy
+from rlckpt.bench.pump import RolloutPump
+from rlckpt.bench.rows import MiB, RowShape
+from rlckpt.bench.stats import Summary, summarize
+from rlckpt.bench.timed_barrier import MutationEvent, TimedBarrier, WindowEvent
+from rlckpt.checkpoint.save import SaveMode, SaveParticipants, save_bundle
+from rlckpt.dataplane.base import DataPlaneClient
+from rlckpt.replay import ReplayBuffer
+from rlckpt.store import BundleStore
+
+logger = logging.getLogger(__name__)
+
+PARTITION = "bench"
+# Waits below this are event-loop scheduling noise, not a stall; ratios floor both sides here so
+# "0.02 ms vs 0.01 ms" does not read as a 2x miss.
+STALL_RESOLUTION_MS = 1.0
+
+
+@dataclass
+class BarrierConfig:
+    """One sweep: sizes × destinations (given separately) × modes, and the pump/save cadence."""
+
+    sizes_mib: list[float] = field(default_factory=lambda: [16.0, 64.0, 256.0])
+    modes: list[SaveMode] = field(default_factory=lambda: ["inline", "staged"])
+    saves: int = 3
+    save_gap_s: float = 2.0  # idle time between the end of one save and the start of the next
+    warmup_s: float = 1.0
+    tail_s: float = 0.5
+    commit_rate: float = 20.0  # groups per second
+    policy_mib: float = 16.0
+    shape: RowShape = field(default_factory=RowShape)
+    staging_root: str | None = None  # None: /dev/shm (save_bundle's default)
+    compress: bool = True
+
+
+@dataclass
+class SaveRecord:
+    """One save of a point, from its SaveReport plus the benchmark's own wall-clock bounds."""
+
+    step: int
+    window_s: float
+    snapshot_s: float
+    upload_s: float
+    policy_s: float
+    total_s: float
+    bytes_written: int
+    window_minus_snapshot_ms: float
+
+
+@dataclass
+class PointResult:
+    """Everything measured at one size × destination × mode."""
+
+    size_mib: float
+    destination: str
+    mode: str
+    groups: int
+    rows: int
+    data_plane_bytes: int
+    commit_rate: float
+    commits: int
+    commits_idle: Summary  # requested while no save was running
+    commits_during_save: Summary  # requested between a save's start and end
+    commits_in_window: Summary  # requested while (or just before) the window was held
+    saves: list[SaveRecord]
+
+    @property
+    def window_ms(self) -> float:
+        return 1e3 * max(s.window_s for s in self.saves)
+
+    @property
+    def snapshot_ms(self) -> float:
+        return 1e3 * max(s.snapshot_s for s in self.saves)
+
+    @property
+    def window_excess_ms(self) -> float:
+        """Worst (window − TQ snapshot) over the saves: what the window adds to TQ's own work."""
+        return max(s.window_minus_snapshot_ms for s in self.saves)
+
+
+def classify_commit_waits(
+    events: Sequence[MutationEvent],
+    saves: Sequence[tuple[float, float]],
+    windows: Sequence[WindowEvent],
+) -> tuple[list[float], list[float], list[float]]:
+    """Split commit waits into (idle, during a save, arrived for a window).
+
+    A commit is *during a save* when it asked for the barrier between a save's start and end; it
+    *arrived for a window* when it asked while the window was held or queued behind it (asked
+    before the window opened but was let in only after it closed).
+    """
+    idle, during, in_window = [], [], []
+    for ev in events:
+        if ev.role != "commit":
+            continue
+        if any(start <= ev.requested <= end for start, end in saves):
+            during.append(ev.wait)
+        else:
+            idle.append(ev.wait)
+        if any(w.start <= ev.requested <= w.end or (ev.requested < w.start and ev.granted >= w.end) for w in windows):
+            in_window.append(ev.wait)
+    return idle, during, in_window
+
+
+async def run_point(
+    replay: ReplayBuffer,
+    barrier: TimedBarrier,
+    data_plane: DataPlaneClient,
+    pump: RolloutPump,
+    *,
+    config: BarrierConfig,
+    size_mib: float,
+    destination: Destination,
+    mode: SaveMode,
+    policy: BlobPolicy,
+) -> PointResult:
+    """Pump rollouts, save ``config.saves`` times, and summarize what the commits waited."""
+    store = BundleStore(destination.run_url(f"barrier-{size_mib:g}MiB-{mode}"), destination.storage_options)
+    parts = SaveParticipants(
+        store=store,
+        policy=policy,
+        replay=replay,
+        data_plane=data_plane,
+        capture_loader_state=lambda: {"bench": True},
+        run_mode="async",
+        staging_root=config.staging_root,
+        compress_data_plane=config.compress,
+        keep_last=1,
+    )
+    barrier.clear_events()
+    stop = asyncio.Event()
+    pump_task = asyncio.create_task(pump.run(stop), name="bench-pump")
+    started_commits = pump.committed
+    save_bounds: list[tuple[float, float]] = []
+    records: list[SaveRecord] = []
+    t_begin = time.perf_counter()
+    try:
+        await asyncio.sleep(config.warmup_s)
+        for step in range(1, config.saves + 1):
+            await asyncio.sleep(config.save_gap_s)
+            if pump_task.done():
+                break
+            t0 = time.perf_counter()
+            report = await save_bundle(parts, step, mode=mode)
+            save_bounds.append((t0, time.perf_counter()))
+            records.append(
+                SaveRecord(
+                    step=step,
+                    window_s=report.window_s,
+                    snapshot_s=report.snapshot_s,
+                    upload_s=report.upload_s,
+                    policy_s=report.policy_s,
+                    total_s=report.total_s,
+                    bytes_written=report.bytes_written,
+                    window_minus_snapshot_ms=1e3 * (report.window_s - report.snapshot_s),
+                )
+            )
+        await asyncio.sleep(config.tail_s)
+    finally:
+        stop.set()
+        await pump_task  # re-raises a pump failure: the point is invalid then
+    elapsed = time.perf_counter() - t_begin
+    idle, during, in_window = classify_commit_waits(barrier.mutation_events, save_bounds, barrier.window_events)
+    groups = sum(1 for g in replay.groups() if g.committed)
+    commits = pump.committed - started_commits
+    return PointResult(
+        size_mib=size_mib,
+        destination=destination.name,
+        mode=mode,
+        groups=groups,
+        rows=groups * config.shape.group_size,
+        data_plane_bytes=groups * config.shape.group_bytes,
+        commit_rate=commits / elapsed if elapsed > 0 else 0.0,
+        commits=commits,
+        commits_idle=summarize(idle),
+        commits_during_save=summarize(during),
+        commits_in_window=summarize(in_window),
+        saves=records,
+    )
+
+
+async def run_size(
+    data_plane: DataPlaneClient,
+    *,
+    config: BarrierConfig,
+    size_mib: float,
+    destinations: Sequence[Destination],
+    on_point: Callable[[PointResult], None] = lambda p: None,
+) -> list[PointResult]:
+    """Fill an empty data plane to ``size_mib`` and run every destination × mode on it."""
+    barrier = TimedBarrier()
+    replay = ReplayBuffer(data_plane, barrier, partition_id=PARTITION, group_size=config.shape.group_size)
+    keep = config.shape.groups_for(size_mib)
+    pump = RolloutPump(replay, config.shape, rate=config.commit_rate, keep_groups=keep)
+    t = time.perf_counter()
+    await pump.fill(keep)
+    logger.info("filled %d groups (%.1f MiB) in %.1fs", keep, keep * config.shape.group_bytes / MiB, time.perf_counter() - t)
+    policy = BlobPolicy(int(config.policy_mib * MiB))
+    results = []
+    for destination in destinations:
+        for mode in config.modes:
+            point = await run_point(
+                replay, barrier, data_plane, pump,
+                config=config, size_mib=size_mib, destination=destination, mode=mode, policy=policy,
+            )
+            on_point(point)
+            results.append(point)
+    return results
+
+
+def run_sweep(
+    config: BarrierConfig,
+    destinations: Sequence[Destination],
+    *,
+    connect: Callable[[], DataPlaneClient],
+    reset: Callable[[], None],
+    on_point: Callable[[PointResult], None] = lambda p: None,
+) -> list[PointResult]:
+    """Every size on an emptied TransferQueue with a fresh connect-only client (sync entry point)."""
+    results: list[PointResult] = []
+    for size in config.sizes_mib:
+        reset()
+        client = connect()
+        results += asyncio.run(
+            run_size(client, config=config, size_mib=size, destinations=destinations, on_point=on_point)
+        )
+    reset()
+    return results
+
+
+# --- targets (shown, never asserted) --------------------------------------------------------------
+
+
+@dataclass
+class TargetCheck:
+    """One target at one place: the measured ratio or excess, the limit, and whether it held."""
+
+    target: str
+    where: str
+    value: float
+    limit: float
+    met: bool
+    detail: str
+
+
+def _find(points: Sequence[PointResult], size: float, dest: str, mode: str) -> PointResult | None:
+    return next((p for p in points if p.size_mib == size and p.destination == dest and p.mode == mode), None)
+
+
+def _floored(ms: float) -> float:
+    return max(ms, STALL_RESOLUTION_MS)
+
+
+def evaluate_targets(points: Sequence[PointResult]) -> list[TargetCheck]:
+    """The issue's three targets, on p99 of commit waits during saves (and windows for the third),
+    for every S3-like destination (name starting with ``s3``) against local disk."""
+    checks: list[TargetCheck] = []
+    sizes = sorted({p.size_mib for p in points})
+    s3_names = sorted({p.destination for p in points if p.destination.startswith("s3")})
+    for s3_name in s3_names:
+        for size in sizes:
+            local, s3 = _find(points, size, "local", "staged"), _find(points, size, s3_name, "staged")
+            if local and s3:
+                ratio = _floored(s3.commits_during_save.p99_ms) / _floored(local.commits_during_save.p99_ms)
+                checks.append(TargetCheck(
+                    "staged S3 p99 <= 1.25x staged local", f"{size:g} MiB {s3_name}", ratio, 1.25, ratio <= 1.25,
+                    f"S3 {s3.commits_during_save.p99_ms:.1f} ms vs local {local.commits_during_save.p99_ms:.1f} ms",
+                ))
+        if sizes:
+            big = max(sizes)
+            inline, staged = _find(points, big, s3_name, "inline"), _find(points, big, s3_name, "staged")
+            if inline and staged:
+                ratio = _floored(inline.commits_during_save.p99_ms) / _floored(staged.commits_during_save.p99_ms)
+                checks.append(TargetCheck(
+                    "staged >= 5x lower p99 than inline on S3", f"{big:g} MiB {s3_name}", ratio, 5.0, ratio >= 5.0,
+                    f"inline {inline.commits_during_save.p99_ms:.1f} ms vs staged {staged.commits_during_save.p99_ms:.1f} ms",
+                ))
+    for p in points:
+        if p.mode != "staged" or not p.saves:
+            continue
+        checks.append(TargetCheck(
+            "window <= TQ snapshot + 10 ms", f"{p.size_mib:g} MiB {p.destination}", p.window_excess_ms, 10.0,
+            p.window_excess_ms <= 10.0, f"window {p.window_ms:.1f} ms, snapshot {p.snapshot_ms:.1f} ms (worst save)",
+        ))
+    return checks
+
+
+def result_document(points: Sequence[PointResult], config: BarrierConfig, meta: dict[str, Any]) -> dict[str, Any]:
+    """The JSON written to ``barrier_stall.json``: config, machine, points (with derived fields), targets."""
+    from dataclasses import asdict
+
+    out_points = []
+    for p in points:
+        d = asdict(p)
+        d.update(window_ms=p.window_ms, snapshot_ms=p.snapshot_ms, window_excess_ms=p.window_excess_ms)
+        out_points.append(d)
+    return {
+        "benchmark": "barrier_stall",
+        "config": asdict(config),
+        "meta": meta,
+        "points": out_points,
+        "targets": [asdict(c) for c in evaluate_targets(points)],
+    }

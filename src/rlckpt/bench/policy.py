@@ -1,0 +1,20 @@
+"""A stand-in trainer for the benchmarks: hands out a fixed blob of incompressible bytes as its state."""
+
+from __future__ import annotations
+
+import os
+
+
+class BlobPolicy:
+    """Provides ``async state_bytes()`` like the trainer handle; the bytes are made once, up front."""
+
+    def __init__(self, nbytes: int) -> None:
+        self._blob = os.urandom(nbytes)
+
+    async def state_bytes(self) -> bytes:
+        return self._blob
+
+    def load_state_bytes(self, data: bytes) -> None:
+        """Restore side: accept the verified bytes (only their length is checked)."""
+        if len(data) != len(self._blob):
+            raise ValueError(f"BlobPolicy: restored {len(data)} bytes, saved {len(self._blob)}")

@@ -1,0 +1,113 @@
+"""Writing benchmark results: JSON, a markdown table and the stall-vs-size plot."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rlckpt.bench.barrier import PointResult, TargetCheck
+from rlckpt.bench.rows import MiB
+
+
+def write_json(path: Path, document: dict[str, Any]) -> Path:
+    """Indented, key-sorted JSON (stable diffs between runs)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2, sort_keys=True, default=str) + "\n")
+    return path
+
+
+def _ms(value: float) -> str:
+    return f"{value:.1f}" if value < 100 else f"{value:.0f}"
+
+
+def barrier_table(points: Sequence[PointResult]) -> str:
+    """One markdown row per point: stalls (ms), window vs snapshot (ms), save and upload (s), bytes."""
+    header = (
+        "| data plane | destination | mode | commits idle p99 | during save p50 / p99 / max | "
+        "window (worst) | TQ snapshot | window − snapshot | upload | save total | written |\n"
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
+    lines = []
+    for p in points:
+        d = p.commits_during_save
+        upload = max(s.upload_s for s in p.saves) if p.saves else 0.0
+        total = max(s.total_s for s in p.saves) if p.saves else 0.0
+        written = max(s.bytes_written for s in p.saves) / MiB if p.saves else 0.0
+        lines.append(
+            f"| {p.data_plane_bytes / MiB:.0f} MiB | {p.destination} | {p.mode} | {_ms(p.commits_idle.p99_ms)} ms | "
+            f"{_ms(d.p50_ms)} / {_ms(d.p99_ms)} / {_ms(d.max_ms)} ms | {_ms(p.window_ms)} ms | {_ms(p.snapshot_ms)} ms | "
+            f"{p.window_excess_ms:+.1f} ms | {upload:.2f} s | {total:.2f} s | {written:.0f} MiB |"
+        )
+    return header + "\n".join(lines) + "\n"
+
+
+def targets_table(checks: Sequence[TargetCheck]) -> str:
+    """Markdown table of the targets: measured value against its limit, met or missed."""
+    header = "| target | where | measured | limit | met | detail |\n|---|---|---:|---:|---|---|\n"
+    lines = [
+        f"| {c.target} | {c.where} | {c.value:.2f} | {c.limit:g} | {'yes' if c.met else '**no**'} | {c.detail} |"
+        for c in checks
+    ]
+    return header + "\n".join(lines) + "\n"
+
+
+def barrier_plot(points: Sequence[PointResult], path: Path) -> Path:
+    """PNG: p99 and max commit stall during saves vs data-plane size, one line per mode × destination."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    keys = sorted({(p.mode, p.destination) for p in points})
+    for mode, dest in keys:
+        series = sorted((p for p in points if p.mode == mode and p.destination == dest), key=lambda p: p.size_mib)
+        sizes = [p.data_plane_bytes / MiB for p in series]
+        style = "-" if mode == "staged" else "--"
+        marker = {"local": "o", "s3-moto": "s", "s3-rgw": "^"}.get(dest, "x")
+        for ax, metric in zip(axes, ("p99_ms", "max_ms"), strict=True):
+            values = [max(getattr(p.commits_during_save, metric), 0.01) for p in series]
+            ax.plot(sizes, values, style, marker=marker, label=f"{mode} · {dest}")
+    for ax, title in zip(axes, ("p99 commit wait during saves", "max commit wait during saves"), strict=True):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("data plane (MiB)")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("stall (ms)")
+    axes[1].legend(fontsize=8)
+    fig.suptitle("rollout commit stall while a checkpoint is saved (rlckpt bench barrier)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def save_restore_table(results: Sequence[Any], first_step: Any | None) -> str:
+    """Markdown: rlckpt vs raw save and restore per destination (best of the repeats), and the
+    fresh-cluster resume figures when measured."""
+    header = (
+        "| destination | data plane + policy | rlckpt bundle | rlckpt save | raw save (snapshot + copy) | raw copy only | "
+        "rlckpt restore | raw restore (download + load) | raw download only |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
+    lines = []
+    for r in results:
+        lines.append(
+            f"| {r.destination} | {(r.data_plane_bytes + r.policy_bytes) / MiB:.0f} MiB | {r.bundle_bytes / MiB:.0f} MiB | "
+            f"{min(r.save_s):.2f} s | {min(r.raw_save_s):.2f} s | {min(r.raw_copy_s):.2f} s | "
+            f"{min(r.restore_s):.2f} s | {min(r.raw_restore_s):.2f} s | {min(r.raw_download_s):.2f} s |"
+        )
+    text = header + "\n".join(lines) + "\n"
+    if first_step is not None:
+        text += (
+            "\nFresh cluster, resume from S3 (`rlckpt train`, empty staging dir), seconds after process start:\n\n"
+            "| resumed step | restore_run (driver's figure) | Ray + TQ up and bundle restored | first train step done |\n"
+            "|---:|---:|---:|---:|\n"
+            f"| {first_step.resumed_step} | {first_step.restore_s:.2f} s | {first_step.to_resumed_s:.1f} s | "
+            f"{first_step.to_first_step_s:.1f} s |\n"
+        )
+    return text

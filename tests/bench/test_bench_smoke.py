@@ -1,0 +1,68 @@
+"""Smoke runs of `rlckpt bench barrier` and `rlckpt bench save` at a tiny size on the session's real
+TransferQueue, local disk and the moto server, so the benchmarks cannot rot. No timing assertions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlckpt.bench.barrier import BarrierConfig, evaluate_targets, result_document, run_sweep
+from rlckpt.bench.destinations import local_destination, s3_destination
+from rlckpt.bench.report import barrier_plot, barrier_table, save_restore_table, targets_table, write_json
+from rlckpt.bench.rows import RowShape
+from rlckpt.bench.save_restore import SaveRestoreConfig, run_save_restore
+from rlckpt.store import BundleStore
+from rlckpt.testing.tq import connect_client, reset_tq_state
+
+TINY_ROWS = RowShape(prompt_len=16, completion_len=64, group_size=4)
+
+
+@pytest.fixture
+def destinations(tmp_path, s3_endpoint):
+    return [local_destination(tmp_path / "local"), s3_destination("s3-moto", s3_endpoint)]
+
+
+def test_barrier_sweep_measures_every_point_and_writes_its_reports(tq_session, destinations, tmp_path):
+    config = BarrierConfig(sizes_mib=[0.25], saves=1, save_gap_s=0.2, warmup_s=0.1, tail_s=0.1,
+                           policy_mib=0.25, shape=TINY_ROWS)
+    points = run_sweep(config, destinations, connect=connect_client, reset=reset_tq_state)
+
+    assert [(p.destination, p.mode) for p in points] == [
+        ("local", "inline"), ("local", "staged"), ("s3-moto", "inline"), ("s3-moto", "staged")
+    ]
+    for p in points:
+        assert len(p.saves) == 1 and p.saves[0].bytes_written > 0
+        assert p.groups == TINY_ROWS.groups_for(0.25)
+        assert p.commits > 0 and p.commits_idle.n + p.commits_during_save.n == p.commits
+    write_json(tmp_path / "out.json", result_document(points, config, {"command": "test"}))
+    document = json.loads((tmp_path / "out.json").read_text())
+    assert {t["target"] for t in document["targets"]} == {
+        "staged S3 p99 <= 1.25x staged local", "staged >= 5x lower p99 than inline on S3", "window <= TQ snapshot + 10 ms"
+    }
+    assert barrier_table(points).count("\n") == 2 + len(points)
+    assert "window <= TQ snapshot" in targets_table(evaluate_targets(points))
+    assert barrier_plot(points, tmp_path / "plot.png").stat().st_size > 0
+
+
+def test_save_restore_round_trips_through_rlckpt_and_raw_copy_on_each_destination(tq_session, destinations):
+    config = SaveRestoreConfig(size_mib=0.25, policy_mib=0.25, repeats=1, shape=TINY_ROWS)
+    results = run_save_restore(config, destinations, connect=connect_client, reset=reset_tq_state)
+
+    assert [r.destination for r in results] == ["local", "s3-moto"]
+    for r in results:
+        assert len(r.save_s) == len(r.raw_save_s) == len(r.restore_s) == len(r.raw_restore_s) == 1
+        assert r.snapshot_bytes > 0 and r.bundle_bytes > 0
+    for dest in destinations:  # the rlckpt bundle it restored from is committed and verifiable
+        (run,) = [u for u in dest_runs(dest) if u.rsplit("/", 1)[-1].startswith("save-")]
+        store = BundleStore(run, dest.storage_options)
+        assert store.steps() == [1]
+        store.open(1).verify()
+    assert save_restore_table(results, None).count("\n") == 2 + len(results)
+
+
+def dest_runs(dest):
+    """Run URLs under a destination (the benchmark makes them in order: save-001, raw-002, ...)."""
+    fs = dest.filesystem()
+    prefix = "s3://" if dest.is_s3 else ""
+    return [prefix + p for p in fs.ls(dest.root, detail=False)]
