@@ -183,3 +183,17 @@ def test_memory_url_works_too():
     store = BundleStore("memory://rlckpt-roundtrip-test")
     payload = save_sample(store, 1)
     assert store.open(1).read_bytes("train_dataloader.pt") == payload["train_dataloader.pt"]
+
+
+def test_run_that_does_not_exist_yet_lists_as_empty(store_location):
+    url, options = store_location
+    store = BundleStore(url, options)
+    assert store.steps() == []
+    assert store.latest() is None
+    assert store.entries() == []
+
+
+def test_gc_of_a_run_that_does_not_exist_yet_removes_nothing(store_location):
+    url, options = store_location
+    report = BundleStore(url, options).gc(keep_last=1)
+    assert (report.removed, report.deleted_steps, report.kept_steps) == ([], [], [])
