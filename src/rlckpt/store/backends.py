@@ -13,6 +13,8 @@ import os
 import uuid
 from typing import Any
 
+from fsspec.spec import AbstractBufferedFile
+
 from rlckpt.errors import BundleExistsError
 
 from .digest import sha256_of_stream
@@ -25,11 +27,20 @@ log = logging.getLogger(__name__)
 WRITE_BLOCK_SIZE = 16 << 20
 
 
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
 def is_local_fs(fs: Any) -> bool:
     """True for fsspec's LocalFileSystem (possibly behind a wrapper that forwards `protocol`)."""
-    protocol = fs.protocol
-    protocols = (protocol,) if isinstance(protocol, str) else tuple(protocol)
+    protocols = _protocols(fs)
     return "file" in protocols or "local" in protocols
+
+
+def is_s3fs(fs: Any) -> bool:
+    """True for s3fs (possibly wrapped): its cat_file/find take the request-saving options used below."""
+    return "s3" in _protocols(fs) and hasattr(fs, "max_concurrency")
 
 
 def fsync_path(path: str, directory: bool = False) -> None:
@@ -52,6 +63,19 @@ class Backend:
 
     def path(self, *parts: str) -> str:
         return "/".join([self.root, *parts])
+
+    def read_object(self, path: str, size: int | None = None) -> bytes:
+        """A whole stored object (intent, COMMIT, manifest, a small file) in as few requests as possible.
+
+        s3fs's cat_file sends a HEAD before the GET to decide whether to fetch in parallel ranges; for
+        small objects (size unknown but small, or known and below one block) a single GET is enough."""
+        if is_s3fs(self.fs) and (size is None or size <= int(getattr(self.fs, "default_block_size", 0))):
+            return bytes(self.fs.cat_file(path, max_concurrency=1))
+        return bytes(self.fs.cat_file(path))
+
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of a stored object: one ranged GET on S3, no HEAD (the caller knows the size)."""
+        return bytes(self.fs.cat_file(path, start=start, end=end))
 
     # --- overridden -------------------------------------------------------------------------
     def data_root(self, step_dir: str, txid: str) -> str:
@@ -166,13 +190,26 @@ class ObjectBackend(Backend):
             raise
 
     def open_write(self, path: str) -> Any:
+        """Opened with autocommit=False, so that nothing but finish_write(ok=True) can publish it: fsspec's
+        `__del__` closes a file that is garbage-collected unfinished, which with autocommit would publish
+        the partial object (e.g. a writer dropped in a reference cycle, whose finalizers run in any order)."""
         return self.fs.open(path, "wb", autocommit=False, block_size=WRITE_BLOCK_SIZE)
 
     def finish_write(self, raw: Any, path: str, ok: bool) -> None:
+        """Success: publish in one step. Failure: discard (aborts a started multipart upload, drops the buffer).
+
+        On s3fs (any fsspec AbstractBufferedFile) autocommit is switched on just before close(): a file
+        smaller than one block then goes out as one PUT instead of a 3-request multipart upload, and a
+        larger one completes its multipart upload inside close(). With autocommit left off, s3fs would
+        make every file, even 1 KiB, a multipart upload and commit() it separately."""
         if ok:
             try:
-                raw.close()
-                raw.commit()
+                if isinstance(raw, AbstractBufferedFile) and not raw.autocommit:
+                    raw.autocommit = True
+                    raw.close()
+                else:
+                    raw.close()
+                    raw.commit()
                 return
             except BaseException:
                 self._discard_file(raw)
@@ -193,18 +230,29 @@ class ObjectBackend(Backend):
         except FileExistsError as exc:
             raise BundleExistsError(f"{self.path(step_dir)} already has a manifest/COMMIT: another writer won") from exc
 
+    def list_step(self, step_dir: str) -> list[str]:
+        """Full paths of every object under `step_dir/`: one LIST on S3, even when there is none (a plain
+        find() of an empty prefix adds a HEAD and a second LIST to look for a file of that name)."""
+        if is_s3fs(self.fs):
+            return list(self.fs.find(self.root, prefix=f"{step_dir}/"))
+        try:
+            return list(self.fs.find(self.path(step_dir)))
+        except FileNotFoundError:
+            return []
+
     def discard(self, step_dir: str, txid: str) -> None:
+        """Delete the step's objects unless it has a COMMIT (one LIST answers both)."""
         prefix = self.path(step_dir)
-        if self.fs.exists(self.path(step_dir, COMMIT_NAME)):
+        keys = self.list_step(step_dir)
+        if self.path(step_dir, COMMIT_NAME) in keys:
             log.warning("not discarding %s: it has a COMMIT (written by another transaction)", prefix)
             return
-        keys = self.fs.find(prefix)
         if keys:
             self.fs.rm(keys)
 
     def delete_bundle(self, step_dir: str) -> None:
         self.fs.rm_file(self.path(step_dir, COMMIT_NAME))  # invisible first
-        keys = self.fs.find(self.path(step_dir))
+        keys = self.list_step(step_dir)
         if keys:
             self.fs.rm(keys)
 

@@ -23,7 +23,6 @@ from .paths import COMMIT_NAME, MANIFEST_NAME, RESERVED_NAMES, step_dirname, val
 if TYPE_CHECKING:
     from .store import BundleStore
 
-READ_CHUNK = 8 << 20
 READ_BLOCK_SIZE = 16 << 20
 SPOOL_MAX = 64 << 20
 
@@ -33,7 +32,7 @@ def load_checked_manifest(store: BundleStore, step: int) -> Manifest:
     backend, where = store._backend, f"step {step} at {store.url}"
     step_path = backend.path(step_dirname(step))
     try:
-        marker_bytes = backend.fs.cat_file(f"{step_path}/{COMMIT_NAME}")
+        marker_bytes = backend.read_object(f"{step_path}/{COMMIT_NAME}")
     except FileNotFoundError:
         state = "exists without COMMIT (uncommitted)" if backend.fs.exists(step_path) else "does not exist"
         raise UncommittedBundleError(f"{where}: {step_path} {state}") from None
@@ -44,7 +43,7 @@ def load_checked_manifest(store: BundleStore, step: int) -> Manifest:
     if marker.step != step:
         raise CorruptBundleError(f"{where}: {COMMIT_NAME} names step {marker.step}, not {step}")
     try:
-        manifest_bytes = backend.fs.cat_file(f"{step_path}/{MANIFEST_NAME}")
+        manifest_bytes = backend.read_object(f"{step_path}/{MANIFEST_NAME}")
     except FileNotFoundError:
         raise CorruptBundleError(f"{where}: {MANIFEST_NAME} is missing but {COMMIT_NAME} exists") from None
     actual = sha256_hex(manifest_bytes)
@@ -118,17 +117,32 @@ class Bundle:
             raise self._corrupt(relpath, f"has sha256 {digest}, the manifest says {entry.sha256}")
 
     def _stream_stored(self, relpath: str, sink: Callable[[bytes], Any], progress: Callable[[int], None] | None) -> None:
-        """Stream the stored bytes of `relpath` into `sink`, then check size and digest."""
+        """Stream the stored bytes of `relpath` into `sink`, then check size and digest.
+
+        Read as ranged GETs of the manifest's size, block by block: fs.open() would send a HEAD per file
+        first (s3fs asks for the object's details even when given size=). A file of another size than
+        the manifest's fails the size or digest check below (a shorter one returns fewer bytes, a longer
+        one yields only its first entry.size bytes, which must then match the digest)."""
         entry = self._entry(relpath)
+        backend = self.store._backend
+        path = f"{self._root}/{relpath}"
         digest, size = hashlib.sha256(), 0
         try:
-            with self.fs.open(f"{self._root}/{relpath}", "rb", block_size=READ_BLOCK_SIZE) as src:
-                while chunk := src.read(READ_CHUNK):
-                    digest.update(chunk)
-                    size += len(chunk)
-                    sink(chunk)
-                    if progress is not None:
-                        progress(len(chunk))
+            if entry.size == 0:
+                chunks: Any = [backend.read_object(path, size=0)]  # still one request: the file must exist
+            else:
+                chunks = (
+                    backend.read_range(path, start, min(start + READ_BLOCK_SIZE, entry.size))
+                    for start in range(0, entry.size, READ_BLOCK_SIZE)
+                )
+            for chunk in chunks:
+                if not chunk:
+                    break
+                digest.update(chunk)
+                size += len(chunk)
+                sink(chunk)
+                if progress is not None:
+                    progress(len(chunk))
         except FileNotFoundError:
             raise self._corrupt(relpath, "is missing") from None
         self._check(relpath, entry, digest.hexdigest(), size)
@@ -138,7 +152,7 @@ class Bundle:
         """The file's logical bytes (decompressed), after its digest was checked."""
         entry = self._entry(relpath)
         try:
-            data = self.fs.cat_file(f"{self._root}/{relpath}")
+            data = self.store._backend.read_object(f"{self._root}/{relpath}", size=entry.size)
         except FileNotFoundError:
             raise self._corrupt(relpath, "is missing") from None
         self._check(relpath, entry, sha256_hex(data), len(data))
@@ -174,11 +188,7 @@ class Bundle:
         os.makedirs(parent, exist_ok=True)
         part = f"{local_path}.{uuid.uuid4().hex[:8]}.part"
         try:
-            if self.store._backend.local:
-                self._fetch_local(relpath, entry, part, progress)
-            else:
-                with open(part, "wb") as out:
-                    self._stream_stored(relpath, out.write, progress)
+            self._fetch(relpath, entry, part, progress)
             if entry.compression == "zstd":
                 plain = part + ".plain"
                 with open(part, "rb") as src, open(plain, "wb") as dst:
@@ -192,8 +202,10 @@ class Bundle:
                 if os.path.exists(leftover):
                     os.remove(leftover)
 
-    def _fetch_local(self, relpath: str, entry: FileEntry, part: str, progress: Callable[[int], None] | None) -> None:
-        """Local store: kernel-side copy, then hash the copy (what the caller will get) before it is renamed."""
+    def _fetch(self, relpath: str, entry: FileEntry, part: str, progress: Callable[[int], None] | None) -> None:
+        """Copy the stored file to `part` with the filesystem's own get_file (local: kernel-side copy; S3: one
+        streamed GET, no HEAD, parallel ranges for big files, like a raw fsspec copy), then hash the copy
+        (what the caller will get) before it is renamed into place."""
         try:
             self.fs.get_file(f"{self._root}/{relpath}", part)
         except FileNotFoundError:

@@ -143,7 +143,7 @@ class BundleStore:
     def read_intent(self, step: int) -> Intent | None:
         """The intent of a transaction on `step`, or None."""
         try:
-            data = self.fs.cat_file(self._intent_path(step))
+            data = self._backend.read_object(self._intent_path(step))
         except FileNotFoundError:
             return None
         try:
@@ -152,9 +152,17 @@ class BundleStore:
             log.warning("unreadable intent %s; treating it as stale", self._intent_path(step))
             return Intent(step=step, txid="?", host="?", pid=-1, started=0.0)
 
-    def _release_intent(self, step: int, txid: str) -> None:
-        """Remove our own intent (best effort: gc removes what is left)."""
+    def _release_intent(self, step: int, txid: str, committed: bool = False) -> None:
+        """Remove our own intent (best effort: gc removes what is left).
+
+        `committed`: the step has a COMMIT, so the intent is deleted without reading it first. Any other
+        transaction's intent there (one that took over ours as stale) belongs to a writer that cannot
+        commit any more (create-exclusive manifest/COMMIT; its claim re-check fails), so deleting it
+        unseen is harmless. Without a COMMIT the intent is read first: it may hold a live writer's claim."""
         try:
+            if committed:
+                self.fs.rm_file(self._intent_path(step))
+                return
             current = self.read_intent(step)
             if current is not None and current.txid == txid:
                 self.fs.rm_file(self._intent_path(step))
@@ -184,6 +192,8 @@ class BundleStore:
                 holder = self.read_intent(step)
                 if holder is None and attempt == 0:
                     continue  # released between our write and read: try again
+                if self._has_commit(step):
+                    raise BundleExistsError(f"step {step} at {self.url} is already committed") from None
                 if holder is None or attempt == 1 or not holder.is_stale(self.stale_after):
                     who = holder.describe() if holder else "another writer"
                     raise BundleExistsError(f"step {step} at {self.url} is being written by {who}") from None
@@ -195,25 +205,33 @@ class BundleStore:
 
     # --- writing ------------------------------------------------------------------------------
     def begin(self, step: int) -> BundleTransaction:
-        """Start the save of `step`: intent recorded (claiming the step) before any data byte."""
+        """Start the save of `step`: intent recorded (claiming the step) before any data byte.
+
+        COMMIT is checked once, after the claim (a writer may commit until we hold it; a check before
+        the claim would only save an intent PUT+DELETE when the step is already committed). On an
+        object store one LIST of the step answers "committed?" and finds a dead writer's leftovers."""
         from .transaction import BundleTransaction
 
         validate_step(step)
         self._ensure_writable()
         txid = uuid.uuid4().hex
         with unavailable_as_store_error(self.url, f"beginning step {step}"):
-            if self._has_commit(step):
-                raise BundleExistsError(f"step {step} at {self.url} is already committed")
             self._claim(step, txid)
+            committed = False
             try:
-                if self._has_commit(step):
-                    raise BundleExistsError(f"step {step} at {self.url} is already committed")
                 if self._backend.local:
-                    os.makedirs(self._backend.data_root(step_dirname(step), txid), exist_ok=True)
+                    committed = self._has_commit(step)
+                    if not committed:
+                        os.makedirs(self._backend.data_root(step_dirname(step), txid), exist_ok=True)
                 else:
-                    self._backend.discard(step_dirname(step), txid)  # leftovers of a dead writer
+                    leftovers = self._backend.list_step(step_dirname(step))  # type: ignore[attr-defined]
+                    committed = self._backend.path(step_dirname(step), COMMIT_NAME) in leftovers
+                    if leftovers and not committed:
+                        self.fs.rm(leftovers)  # a dead writer's partial prefix: we hold the claim
+                if committed:
+                    raise BundleExistsError(f"step {step} at {self.url} is already committed")
             except BaseException:
-                self._release_intent(step, txid)
+                self._release_intent(step, txid, committed=committed)
                 raise
         log.info("began step %s (txid %s) at %s", step, txid, self.url)
         return BundleTransaction(self, step, txid)
@@ -223,8 +241,8 @@ class BundleStore:
         """Invariant 1's cheap check: COMMIT parses and names the sha256 of the manifest beside it."""
         step_path = self._backend.path(step_dirname(step))
         try:
-            marker = CommitMarker.from_bytes(self.fs.cat_file(f"{step_path}/{COMMIT_NAME}"))
-            manifest_bytes = self.fs.cat_file(f"{step_path}/{MANIFEST_NAME}")
+            marker = CommitMarker.from_bytes(self._backend.read_object(f"{step_path}/{COMMIT_NAME}"))
+            manifest_bytes = self._backend.read_object(f"{step_path}/{MANIFEST_NAME}")
         except (FileNotFoundError, ValueError, KeyError):
             return False
         return marker.step == step and sha256_hex(manifest_bytes) == marker.manifest_sha256
@@ -262,7 +280,7 @@ class BundleStore:
     def read_intent_at(self, path: str) -> Intent | None:
         """Parse the intent stored at `path` (None if gone or unreadable)."""
         try:
-            return Intent.from_bytes(self.fs.cat_file(path))
+            return Intent.from_bytes(self._backend.read_object(path))
         except FileNotFoundError:
             return None
         except (ValueError, KeyError, TypeError):

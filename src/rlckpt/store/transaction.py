@@ -194,7 +194,7 @@ class BundleTransaction:
                 log.warning("abort after failed commit of step %s failed", self.step, exc_info=True)
             raise
         self._state = "committed"
-        self.store._release_intent(self.step, self.txid)
+        self.store._release_intent(self.step, self.txid, committed=True)
         log.info("committed step %s (%d files, txid %s) at %s", self.step, len(files), self.txid, self.store.url)
         return manifest
 

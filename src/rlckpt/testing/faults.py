@@ -45,6 +45,10 @@ class _FaultyFile:
         self._inner = inner
         self._plan = plan
 
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # isinstance() sees the real file's class, as code under test expects
+        return type(self._inner)
+
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._inner, name)
         if name in FILE_METHODS and callable(attr):
