@@ -13,6 +13,7 @@ benchmarks/results/store_throughput.json and .md (see --out-dir).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -26,6 +27,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -171,6 +173,8 @@ class Row:
     raw_save_mib_s: float = 0.0
     store_load_mib_s: float = 0.0
     raw_load_mib_s: float = 0.0
+    floor_save_s: float | None = None  # local: raw copy + sha256 + fsync (what any durable digested save costs)
+    floor_load_s: float | None = None  # local: raw copy + sha256 of the copy
     samples: dict[str, list[float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -207,6 +211,42 @@ def raw_load(fs: Any, src_url: str, dst: Path) -> None:
     fs.get(src_url + "/", str(dst) + "/", recursive=True)
 
 
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(8 * MiB):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file()]
+
+
+def floor_save(fs: Any, src: Path, dst: str) -> None:
+    """Local only: the least a durable, digested save must do — raw copy, sha256 of every file, fsync
+    of every file and directory (8 threads, as the store)."""
+    raw_save(fs, src, dst)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(_sha256_file, _files(src)))
+        list(pool.map(_fsync, [*_files(Path(dst)), *(p for p in Path(dst).rglob("*") if p.is_dir()), Path(dst)]))
+
+
+def floor_load(fs: Any, src_url: str, dst: Path) -> None:
+    """Local only: the least a verified load must do — raw copy, then sha256 of every loaded file."""
+    raw_load(fs, src_url, dst)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(_sha256_file, _files(dst)))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def strip_protocol(fs: Any, url: str) -> str:
     return fs._strip_protocol(url)
 
@@ -223,14 +263,17 @@ def check_same_tree(expected: dict[str, int], root: Path, what: str) -> None:
 def measure(target: Target, src: Path, sizes: dict[str, int], scratch: Path, repeats: int) -> Row:
     """Interleave raw and store save/load `repeats` times (alternating which goes first); medians."""
     fs = target.filesystem()
-    store = BundleStore(target.store_url, storage_options=dict(target.storage_options))
-    if "://" not in target.store_url:
-        os.makedirs(target.store_url, exist_ok=True)
+    total = sum(sizes.values())
+    label = f"mib_{total / MiB:g}"  # a fresh run per size: step numbers restart at 0
+    store_url, raw_url = f"{target.store_url}/{label}", f"{target.raw_url}/{label}"
+    store = BundleStore(store_url, storage_options=dict(target.storage_options))
+    if "://" not in store_url:
+        os.makedirs(store_url, exist_ok=True)
     store.steps()  # construct + first request (and any probe) outside the timings
-    fs.makedirs(strip_protocol(fs, target.raw_url), exist_ok=True)  # same warm-up for the raw side
+    fs.makedirs(strip_protocol(fs, raw_url), exist_ok=True)  # same warm-up for the raw side
     samples: dict[str, list[float]] = {k: [] for k in ("store_save", "raw_save", "store_load", "raw_load")}
     for rep in range(repeats):
-        raw_dst = f"{strip_protocol(fs, target.raw_url)}/rep_{rep}"
+        raw_dst = f"{strip_protocol(fs, raw_url)}/rep_{rep}"
         store_dir, raw_dir = scratch / f"load_store_{rep}", scratch / f"load_raw_{rep}"
         ops: list[tuple[str, Callable[[], None]]] = [
             ("raw_save", lambda: raw_save(fs, src, raw_dst)),
@@ -243,15 +286,23 @@ def measure(target: Target, src: Path, sizes: dict[str, int], scratch: Path, rep
         if rep % 2:
             ops.reverse()
             loads.reverse()
+        local = "://" not in store_url
+        floor_dst, floor_dir = f"{strip_protocol(fs, raw_url)}/floor_{rep}", scratch / f"load_floor_{rep}"
+        if local:
+            ops.append(("floor_save", lambda: floor_save(fs, src, floor_dst)))
+            loads.append(("floor_load", lambda: floor_load(fs, raw_dst, floor_dir)))
         for name, op in ops + loads:
-            samples[name].append(timed(op))
+            samples.setdefault(name, []).append(timed(op))
+        if local:
+            shutil.rmtree(floor_dir)
+            fs.rm(floor_dst, recursive=True)
         check_same_tree(sizes, store_dir, f"{target.name} store load")
         check_same_tree(sizes, raw_dir, f"{target.name} raw load")
         shutil.rmtree(store_dir)
         shutil.rmtree(raw_dir)
         fs.rm(raw_dst, recursive=True)
         store.gc(keep_last=1)  # keep object-store servers from holding every repeat in RAM
-    total = sum(sizes.values())
+    fs.rm(strip_protocol(fs, store_url), recursive=True)
     return Row(
         backend=target.name,
         size_mib=total / MiB,
@@ -261,6 +312,8 @@ def measure(target: Target, src: Path, sizes: dict[str, int], scratch: Path, rep
         raw_save_s=statistics.median(samples["raw_save"]),
         store_load_s=statistics.median(samples["store_load"]),
         raw_load_s=statistics.median(samples["raw_load"]),
+        floor_save_s=statistics.median(samples["floor_save"]) if "floor_save" in samples else None,
+        floor_load_s=statistics.median(samples["floor_load"]) if "floor_load" in samples else None,
         samples=samples,
     )
 
@@ -268,7 +321,7 @@ def measure(target: Target, src: Path, sizes: dict[str, int], scratch: Path, rep
 # --- reporting ------------------------------------------------------------------------------------
 
 HEADERS = ["backend", "MiB", "files", "save store s", "save raw s", "save ×", "load store s", "load raw s", "load ×",
-           "save MiB/s store/raw", "load MiB/s store/raw"]
+           "save MiB/s store/raw", "load MiB/s store/raw", "store / floor save, load"]
 
 
 def table_cells(row: Row) -> list[str]:
@@ -284,6 +337,8 @@ def table_cells(row: Row) -> list[str]:
         f"{row.load_ratio:.2f}",
         f"{row.store_save_mib_s:.0f} / {row.raw_save_mib_s:.0f}",
         f"{row.store_load_mib_s:.0f} / {row.raw_load_mib_s:.0f}",
+        "-" if row.floor_save_s is None or row.floor_load_s is None
+        else f"{row.store_save_s / row.floor_save_s:.2f}, {row.store_load_s / row.floor_load_s:.2f}",
     ]
 
 
@@ -301,7 +356,9 @@ def markdown_table(rows: list[Row], meta: dict[str, Any]) -> str:
         "",
         f"`benchmarks/store_throughput.py`, {meta['when']}, {meta['cpus']} CPUs (load average {meta['load_average_1m']}), "
         f"median of {meta['repeats']} runs. "
-        f"Ratio = store time / raw fsspec copy time (target ≤ {TARGET_RATIO}).",
+        f"Ratio = store time / raw fsspec copy time (target ≤ {TARGET_RATIO}). Local disk also has a *floor*: "
+        "the raw copy plus sha256 of every file (and fsync of every file on save) — the least any durable, "
+        "digest-checked save or load costs; `store / floor` shows the store's own overhead above it.",
         "",
         "| " + " | ".join(HEADERS) + " |",
         "|" + "|".join("---:" if i else "---" for i in range(len(HEADERS))) + "|",
