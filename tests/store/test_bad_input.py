@@ -11,6 +11,7 @@ from rlckpt.errors import (
     StoreUnavailableError,
 )
 from rlckpt.store import BundleStore
+from rlckpt.store.intent import Intent
 from rlckpt.testing.store_checks import debris, save_sample
 
 
@@ -56,6 +57,16 @@ def test_bad_step_is_refused(store):
 def test_committing_an_existing_step_raises_bundle_exists(store):
     save_sample(store, 4)
     with pytest.raises(BundleExistsError, match="step 4"):
+        store.begin(4)
+    store.open(4).verify()
+    assert debris(store) == []  # the claim taken before COMMIT was seen is released
+
+
+def test_committed_step_with_a_leftover_intent_is_refused_as_committed(store):
+    save_sample(store, 4)
+    leftover = Intent.new(4, "leftover-of-a-release-that-failed")
+    store._backend.create_exclusive(store._intent_path(4), leftover.to_bytes())
+    with pytest.raises(BundleExistsError, match="step 4 .* already committed"):
         store.begin(4)
     store.open(4).verify()
 

@@ -62,3 +62,19 @@ def test_ceph_412_as_einval_counts_as_precondition_failed():
 def test_plain_einval_is_not_a_precondition_failure():
     assert not is_precondition_failed(OSError(errno.EINVAL, "Invalid argument"))
     assert is_unavailable(OSError(errno.EINVAL, "Invalid argument"))
+
+
+def test_create_exclusive_is_probed_once_per_store(s3_run_url, s3_storage_options, monkeypatch):
+    import rlckpt.store.store as store_module
+
+    probes = []
+    real_probe = store_module.create_exclusive_enforced
+    monkeypatch.setattr(store_module, "create_exclusive_enforced", lambda backend: probes.append(1) or real_probe(backend))
+    store = BundleStore(s3_run_url, s3_storage_options)
+    for step in (1, 2):
+        with store.begin(step) as txn:
+            txn.write_bytes("a", b"x")
+            txn.commit()
+    assert len(probes) == 1
+    BundleStore(s3_run_url, s3_storage_options).begin(3).abort()
+    assert len(probes) == 2  # a new store (maybe another server behind the same URL) probes again
