@@ -34,6 +34,7 @@ from rlckpt.dataplane.threads import run_blocking
 from rlckpt.errors import CheckpointError
 from rlckpt.replay import ReplayBuffer
 from rlckpt.store import BundleStore, BundleTransaction
+from rlckpt.store.manifest import sha256_hex
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ async def _write_and_commit(
     manifest = await run_blocking(txn.commit, metadata)  # 5: manifest → COMMIT
     report = SaveReport(
         step=step,
-        manifest_sha256=_manifest_digest(manifest),
+        manifest_sha256=sha256_hex(manifest.to_bytes()),
         total_s=time.perf_counter() - started,
         policy_s=policy_s,
         window_s=window_s,
@@ -173,12 +174,6 @@ async def _upload_snapshot(txn: BundleTransaction, snapshot_dir: Path, compressi
         raise CheckpointError(f"step {txn.step}: the data plane wrote no snapshot at {snapshot_dir}")
     await run_blocking(txn.put_dir, layout.DATA_PLANE_DIR, snapshot_dir, compression)
     return time.perf_counter() - t
-
-
-def _manifest_digest(manifest: Any) -> str:
-    from rlckpt.store.manifest import sha256_hex
-
-    return sha256_hex(manifest.to_bytes())
 
 
 async def _abort(txn: BundleTransaction, step: int, cause: BaseException) -> None:

@@ -122,7 +122,6 @@ class ControllerLoop:
         self.saves: list[SaveReport] = []
         self.last_reward: float | None = None
         self._progress = asyncio.Condition()
-        self._mutation_mark = 0
         self.save_parts = SaveParticipants(
             store=store,
             policy=trainer,
