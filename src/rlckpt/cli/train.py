@@ -98,9 +98,9 @@ def run(args: argparse.Namespace) -> int:
         compress_data_plane=not args.no_compress,
         ray_temp_dir=args.ray_temp_dir,
     )
-    _interrupt_on_sigterm()
     ray_dir = args.ray_temp_dir or tempfile.mkdtemp(prefix="rlckpt-ray-", dir="/tmp")
     start_local_ray(ray_dir, log_to_driver=args.verbose > 0)
+    _interrupt_on_sigterm()  # after ray.init, which installs a SIGTERM handler of its own
     controller = None
     try:
         print("rlckpt train: starting TransferQueue and the controller ...", file=sys.stderr)
