@@ -70,6 +70,15 @@ def test_deleted_file_is_refused_at_open(store):
         store.open(2)
 
 
+def test_file_deleted_after_open_is_refused_by_get_dir_naming_it(store, tmp_path):
+    bundle = store.open(2)
+    store.fs.rm_file(path(store, 2, TARGET))
+    with pytest.raises(CorruptBundleError, match=f"{TARGET}.*missing"):
+        bundle.get_dir("", tmp_path / "restored")
+    assert not (tmp_path / "restored").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("restored")] == []
+
+
 def test_extra_file_is_refused_at_open(store):
     write(store, 2, "policy/smuggled.bin", b"x")
     with pytest.raises(CorruptBundleError, match="policy/smuggled.bin"):

@@ -22,7 +22,7 @@ from rlckpt.errors import (
 )
 
 from .backends import make_backend
-from .bundle import Bundle, load_checked_manifest
+from .bundle import Bundle, load_checked_manifest, read_marker_and_manifest
 from .intent import DEFAULT_STALE_AFTER, Intent
 from .inventory import scan
 from .manifest import CommitMarker, sha256_hex
@@ -239,11 +239,12 @@ class BundleStore:
     # --- reading ------------------------------------------------------------------------------
     def _marker_names_manifest(self, step: int) -> bool:
         """Invariant 1's cheap check: COMMIT parses and names the sha256 of the manifest beside it."""
-        step_path = self._backend.path(step_dirname(step))
+        marker_bytes, manifest_bytes = read_marker_and_manifest(self._backend, self._backend.path(step_dirname(step)))
+        if marker_bytes is None or manifest_bytes is None:
+            return False
         try:
-            marker = CommitMarker.from_bytes(self._backend.read_object(f"{step_path}/{COMMIT_NAME}"))
-            manifest_bytes = self._backend.read_object(f"{step_path}/{MANIFEST_NAME}")
-        except (FileNotFoundError, ValueError, KeyError):
+            marker = CommitMarker.from_bytes(marker_bytes)
+        except (ValueError, KeyError):
             return False
         return marker.step == step and sha256_hex(manifest_bytes) == marker.manifest_sha256
 
