@@ -238,7 +238,6 @@ class Bundle:
                 os.replace(plain, part)
                 if size != entry.logical_size:
                     raise self._corrupt(relpath, f"decompresses to {size} bytes, the manifest says {entry.logical_size}")
-        os.makedirs(os.path.dirname(local_path), exist_ok=True)
         os.replace(part, local_path)
 
     def _copy_stored(self, relpath: str, part: str) -> None:
@@ -248,15 +247,6 @@ class Bundle:
             self.fs.get_file(f"{self._root}/{relpath}", part)
         except FileNotFoundError:
             raise self._corrupt(relpath, "is missing") from None
-
-    def _copy_stored_many(self, relpaths: list[str], parts: list[str]) -> None:
-        """Object stores: one bulk fs.get of many files (s3fs runs them concurrently on its event loop, as a
-        raw fs.get does: less CPU than a get_file per thread)."""
-        try:
-            self.fs.get([f"{self._root}/{rel}" for rel in relpaths], parts)
-        except FileNotFoundError as exc:
-            check_listing(self.store, self.step, self.manifest)  # names the missing file
-            raise CorruptBundleError(f"step {self.step} at {self.store.url}: a file went missing: {exc}") from exc
 
     def files_under(self, relpath: str) -> list[str]:
         """Manifest relpaths under directory `relpath` ('' = all)."""
@@ -280,22 +270,11 @@ class Bundle:
             raise FileNotFoundError(f"no files under {relpath!r} in step {self.step} at {self.store.url}")
         strip = len(relpath.rstrip("/")) + 1 if relpath else 0
         staging = f"{local_dir}.partial-{uuid.uuid4().hex[:8]}"
-        parts_dir = f"{staging}.parts"  # fetched copies before their check: numbered, so no name can clash
         os.makedirs(staging)
         try:
             workers = max_workers or self.store.max_workers
-            targets = [os.path.join(staging, rel[strip:]) for rel in wanted]
             with ThreadPoolExecutor(max_workers=max(1, min(workers, len(wanted)))) as pool:
-                if self.store._backend.local:
-                    futures = [pool.submit(self.get_file, rel, target) for rel, target in zip(wanted, targets)]
-                else:
-                    os.makedirs(parts_dir)
-                    parts = [os.path.join(parts_dir, str(i)) for i in range(len(wanted))]
-                    self._copy_stored_many(wanted, parts)
-                    futures = [
-                        pool.submit(self._install, rel, self.manifest.files[rel], part, target, None)
-                        for rel, part, target in zip(wanted, parts, targets)
-                    ]
+                futures = [pool.submit(self.get_file, rel, os.path.join(staging, rel[strip:])) for rel in wanted]
                 for future in futures:
                     future.result()
             if os.path.isdir(local_dir):
@@ -304,8 +283,6 @@ class Bundle:
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        finally:
-            shutil.rmtree(parts_dir, ignore_errors=True)
         return wanted
 
     def verify(self, progress: Callable[[int], None] | None = None, max_workers: int | None = None) -> Manifest:
