@@ -73,6 +73,16 @@ class Backend:
             return bytes(self.fs.cat_file(path, max_concurrency=1))
         return bytes(self.fs.cat_file(path))
 
+    def list_step(self, step_dir: str) -> list[str]:
+        """Full paths of every file under `step_dir/`: one LIST on S3, even when there is none (a plain
+        find() of an empty prefix adds a HEAD and a second LIST to look for a file of that name)."""
+        if is_s3fs(self.fs):
+            return list(self.fs.find(self.root, prefix=f"{step_dir}/"))
+        try:
+            return list(self.fs.find(self.path(step_dir)))
+        except FileNotFoundError:
+            return []
+
     def read_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of a stored object: one ranged GET on S3, no HEAD (the caller knows the size)."""
         return bytes(self.fs.cat_file(path, start=start, end=end))
@@ -229,16 +239,6 @@ class ObjectBackend(Backend):
             self.create_exclusive(self.path(step_dir, COMMIT_NAME), commit)
         except FileExistsError as exc:
             raise BundleExistsError(f"{self.path(step_dir)} already has a manifest/COMMIT: another writer won") from exc
-
-    def list_step(self, step_dir: str) -> list[str]:
-        """Full paths of every object under `step_dir/`: one LIST on S3, even when there is none (a plain
-        find() of an empty prefix adds a HEAD and a second LIST to look for a file of that name)."""
-        if is_s3fs(self.fs):
-            return list(self.fs.find(self.root, prefix=f"{step_dir}/"))
-        try:
-            return list(self.fs.find(self.path(step_dir)))
-        except FileNotFoundError:
-            return []
 
     def discard(self, step_dir: str, txid: str) -> None:
         """Delete the step's objects unless it has a COMMIT (one LIST answers both)."""

@@ -224,7 +224,7 @@ class BundleStore:
                     if not committed:
                         os.makedirs(self._backend.data_root(step_dirname(step), txid), exist_ok=True)
                 else:
-                    leftovers = self._backend.list_step(step_dirname(step))  # type: ignore[attr-defined]
+                    leftovers = self._backend.list_step(step_dirname(step))
                     committed = self._backend.path(step_dirname(step), COMMIT_NAME) in leftovers
                     if leftovers and not committed:
                         self.fs.rm(leftovers)  # a dead writer's partial prefix: we hold the claim
