@@ -52,7 +52,7 @@ write_conf() {
     cat >"$CONF" <<EOF
 [global]
 fsid = $fsid
-mon host = 127.0.0.1:$MON_PORT
+mon host = [v1:127.0.0.1:$MON_PORT]
 mon initial members = a
 public addr = 127.0.0.1
 auth cluster required = none
@@ -63,7 +63,6 @@ ms bind ipv6 = false
 ms bind msgr2 = false
 run dir = $RGW_DIR/run
 admin socket = $RGW_DIR/run/\$name.asok
-pid file = $RGW_DIR/run/\$name.pid
 log file = $RGW_DIR/log/\$name.log
 keyring = $RGW_DIR/keyring
 osd pool default size = 1
@@ -86,7 +85,8 @@ mon data = $RGW_DIR/mon/\$cluster-\$id
 osd data = $RGW_DIR/osd/\$cluster-\$id
 osd objectstore = memstore
 memstore device bytes = $MEMSTORE_BYTES
-osd crush update on start = true
+osd crush update on start = false
+osd class update on start = false
 
 [client.rgw.a]
 rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT
@@ -111,7 +111,44 @@ wait_for() {
     done
 }
 
+# Run a Ceph daemon in the foreground, as our own background child, and record its pid in
+# run/<name>.pid (daemonizing would block on a daemon whose start-up hangs).
+spawn() {
+    local name="$1"; shift
+    "$@" -f </dev/null >>"$RGW_DIR/log/startup.log" 2>&1 &
+    echo $! >"$RGW_DIR/run/$name.pid"
+}
+
+# Start osd.0; retried because its first contact with the monitor is racy on a loaded machine.
+start_osd() {
+    local attempt pid deadline
+    for attempt in 1 2 3; do
+        spawn osd.0 ceph-osd -c "$CONF" -i 0
+        pid="$(cat "$RGW_DIR/run/osd.0.pid")"
+        deadline=$((SECONDS + 60))
+        while [ "$SECONDS" -lt "$deadline" ] && kill -0 "$pid" 2>/dev/null; do
+            osd_up && return 0
+            sleep 0.5
+        done
+        log "osd.0 did not come up (attempt $attempt; see $RGW_DIR/log/osd.0.log)"
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+        sleep 1
+    done
+    die "osd.0 failed to start 3 times (logs: $RGW_DIR/log)"
+}
+
 osd_up() { ceph_cmd osd dump 2>/dev/null | grep -q '^osd.0 up'; }
+# True when nothing listens on 127.0.0.1:$1 (SO_REUSEADDR: sockets in TIME_WAIT do not count).
+port_free() {
+    python3 - "$1" 2>/dev/null <<'PYEOF'
+import socket, sys
+with socket.socket() as sock:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", int(sys.argv[1])))
+PYEOF
+}
+
 # Any HTTP answer (even 403) means the gateway serves requests.
 rgw_answers() {
     python3 - "$ENDPOINT" <<'PYEOF'
@@ -127,6 +164,10 @@ do_start() {
     do_install
     if [ -f "$CONF" ] && rgw_answers; then log "already running at $ENDPOINT"; print_env; return 0; fi
     [ -e "$RGW_DIR" ] && do_stop
+    local port
+    for port in "$MON_PORT" "$RGW_PORT"; do
+        port_free "$port" || die "port $port on 127.0.0.1 is in use (another cluster?); choose others with RGW_MON_PORT=... RGW_PORT=..."
+    done
     local t0=$SECONDS fsid osd_uuid
     mkdir -p "$RGW_DIR"/{run,log,mon,osd/ceph-0,rgw}
     fsid="$("$PY" -c 'import uuid; print(uuid.uuid4())' 2>/dev/null || cat /proc/sys/kernel/random/uuid)"
@@ -135,19 +176,22 @@ do_start() {
 
     log "starting mon"
     ceph-authtool --create-keyring "$RGW_DIR/keyring" --gen-key -n mon. --cap mon 'allow *' >/dev/null
-    monmaptool --create --add a "127.0.0.1:$MON_PORT" --fsid "$fsid" "$RGW_DIR/monmap" >/dev/null
+    # Explicit v1 address: on a port other than 6789 monmaptool would assume msgr2, which is off here.
+    monmaptool --create --addv a "[v1:127.0.0.1:$MON_PORT]" --fsid "$fsid" "$RGW_DIR/monmap" >/dev/null
     ceph-mon -c "$CONF" --mkfs -i a --monmap "$RGW_DIR/monmap" --keyring "$RGW_DIR/keyring"
-    ceph-mon -c "$CONF" -i a 2>>"$RGW_DIR/log/startup.log"
+    spawn mon.a ceph-mon -c "$CONF" -i a
     wait_for 30 "the monitor" ceph_cmd mon stat
 
     log "starting memstore osd"
     ceph_cmd osd new "$osd_uuid" >/dev/null
+    # Place the OSD in the CRUSH map from here rather than from the OSD's own start-up commands:
+    # under load the OSD can send those before it has the monmap (fsid 0 → "wrong fsid") and exit.
+    ceph_cmd osd crush add osd.0 1.0 root=default >/dev/null 2>&1
     ceph-osd -c "$CONF" -i 0 --mkfs --osd-uuid "$osd_uuid" 2>>"$RGW_DIR/log/startup.log"
-    ceph-osd -c "$CONF" -i 0 2>>"$RGW_DIR/log/startup.log"
-    wait_for 60 "osd.0 up" osd_up
+    start_osd
 
     log "starting radosgw on $ENDPOINT"
-    radosgw -c "$CONF" -n client.rgw.a 2>>"$RGW_DIR/log/startup.log"
+    spawn client.rgw.a radosgw -c "$CONF" -n client.rgw.a
     wait_for 90 "radosgw on $ENDPOINT" rgw_answers
     radosgw-admin -c "$CONF" user create --uid=test --display-name="rlckpt test" \
         --access-key=testing --secret=testing >/dev/null
@@ -185,9 +229,17 @@ do_status() {
     if [ -f "$CONF" ] && rgw_answers; then log "up at $ENDPOINT"; else log "not running"; return 1; fi
 }
 
+# On exit: stop and remove the cluster unless a `start` completed (so a failed start or any
+# `test` run leaves nothing behind).
+KEEP_RUNNING=0
+cleanup_on_exit() {
+    local rc=$?
+    [ "$KEEP_RUNNING" = 1 ] || do_stop
+    exit "$rc"
+}
+
 do_test() {
     local t0=$SECONDS rc=0
-    trap do_stop EXIT
     do_start >/dev/null
     log "running the store and CLI suites against RGW"
     RLCKPT_TEST_S3_ENDPOINT="$ENDPOINT" RLCKPT_TEST_S3_KEY=testing RLCKPT_TEST_S3_SECRET=testing \
@@ -198,8 +250,8 @@ do_test() {
 
 cd "$REPO"
 case "${1:-}" in
-    test) shift; do_test "$@" ;;
-    start) do_start ;;
+    test) shift; trap cleanup_on_exit EXIT; do_test "$@" ;;
+    start) trap cleanup_on_exit EXIT; do_start; KEEP_RUNNING=1 ;;
     stop) do_stop ;;
     status) do_status ;;
     install) do_install ;;

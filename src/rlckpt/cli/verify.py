@@ -126,9 +126,9 @@ def run(args: argparse.Namespace) -> int:
     code = exit_code(results)
     if args.json:
         _common.print_json({"url": args.url, "exit_code": code, "results": [asdict(r) for r in results]})
-    elif not results:
+        return code
+    if not results:
         print(f"rlckpt verify: no committed bundle in {args.url}", file=sys.stderr)
-    for result in results if not args.json else []:
-        stream = sys.stdout if result.status == "valid" else sys.stderr
-        print(_describe(result), file=stream)
+    for result in results:
+        print(_describe(result), file=sys.stdout if result.status == "valid" else sys.stderr)
     return code
