@@ -115,3 +115,23 @@ def test_writer_whose_claim_was_taken_over_cannot_commit(store_location):
     with pytest.raises(BundleExistsError, match="lost its claim"):
         txn.commit()
     assert store.steps() == []
+
+
+def test_listing_taken_before_a_commit_finished_does_not_make_the_bundle_look_corrupt(
+    s3_run_url, s3_storage_options, monkeypatch
+):
+    """On S3 open() lists the step in parallel with reading COMMIT; a listing that predates the last
+    upload of a concurrent commit must be re-taken, not reported as a missing file."""
+    import rlckpt.store.bundle as bundle_module
+
+    store = BundleStore(s3_run_url, s3_storage_options)
+    attempt(store, 1, b"a")
+    real_list_sizes = bundle_module._list_sizes
+    calls = []
+
+    def first_listing_is_early(store_, step):
+        calls.append(step)
+        return {} if len(calls) == 1 else real_list_sizes(store_, step)
+
+    monkeypatch.setattr(bundle_module, "_list_sizes", first_listing_is_early)
+    assert store.open(1).read_bytes("who") == b"a"

@@ -61,10 +61,29 @@ def read_marker_and_manifest(backend: Backend, step_path: str) -> tuple[bytes | 
 
 
 def load_checked_manifest(store: BundleStore, step: int) -> Manifest:
-    """Marker -> manifest digest -> manifest parse -> listing (no missing, extra or wrongly sized file)."""
+    """Marker -> manifest digest -> manifest parse -> listing (no missing, extra or wrongly sized file).
+
+    On an object store the listing is fetched in parallel with COMMIT and the manifest (one round trip
+    for all three); that early listing is trusted only if it passes, else a fresh one decides."""
+    backend = store._backend
+    step_path = backend.path(step_dirname(step))
+    if backend.local:
+        return _checked_manifest(store, step, *read_marker_and_manifest(backend, step_path), early_listing=None)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        early = pool.submit(_list_sizes, store, step)
+        marker_bytes, manifest_bytes = read_marker_and_manifest(backend, step_path)
+        try:
+            early_listing: dict[str, int] | None = early.result()
+        except Exception:  # noqa: BLE001 - the fresh listing below reports whatever is wrong
+            early_listing = None
+    return _checked_manifest(store, step, marker_bytes, manifest_bytes, early_listing)
+
+
+def _checked_manifest(
+    store: BundleStore, step: int, marker_bytes: bytes | None, manifest_bytes: bytes | None, early_listing: dict[str, int] | None
+) -> Manifest:
     backend, where = store._backend, f"step {step} at {store.url}"
     step_path = backend.path(step_dirname(step))
-    marker_bytes, manifest_bytes = read_marker_and_manifest(backend, step_path)
     if marker_bytes is None:
         state = "exists without COMMIT (uncommitted)" if backend.fs.exists(step_path) else "does not exist"
         raise UncommittedBundleError(f"{where}: {step_path} {state}")
@@ -90,19 +109,32 @@ def load_checked_manifest(store: BundleStore, step: int) -> Manifest:
             f"{where}: {MANIFEST_NAME} is for step {manifest.step} txid {manifest.txid}, "
             f"{COMMIT_NAME} for step {marker.step} txid {marker.txid}"
         )
+    if early_listing is not None:
+        try:
+            check_listing(store, step, manifest, early_listing)
+            return manifest
+        except CorruptBundleError:
+            pass  # may predate the commit (a file still uploading): decide on a fresh listing
     check_listing(store, step, manifest)
     return manifest
 
 
-def check_listing(store: BundleStore, step: int, manifest: Manifest) -> None:
-    """Every manifest file is present with its stored size and nothing else is in the bundle."""
-    backend = store._backend
-    step_path = backend.path(step_dirname(step))
-    listed = backend.fs.find(step_path, detail=True)
+def _list_sizes(store: BundleStore, step: int) -> dict[str, int]:
+    """relpath -> stored size of every file under step_<N>/ (one listing)."""
+    step_path = store._backend.path(step_dirname(step))
+    listed = store._backend.fs.find(step_path, detail=True)
     sizes: dict[str, int] = {}
     for path, info in listed.items():
         rel = path[len(step_path) + 1 :] if path.startswith(step_path + "/") else path
         sizes[rel] = int(info.get("size") or 0)
+    return sizes
+
+
+def check_listing(store: BundleStore, step: int, manifest: Manifest, sizes: dict[str, int] | None = None) -> None:
+    """Every manifest file is present with its stored size and nothing else is in the bundle (`sizes`: a
+    listing already taken, else one is taken now)."""
+    if sizes is None:
+        sizes = _list_sizes(store, step)
     where = f"step {step} at {store.url}"
     for rel, entry in sorted(manifest.files.items()):
         if rel not in sizes:
