@@ -33,6 +33,7 @@ def test_barrier_sweep_measures_every_point_and_writes_its_reports(tq_session, d
     ]
     for p in points:
         assert len(p.saves) == 1 and p.saves[0].bytes_written > 0
+        assert p.saves[0].pre_list_ms >= 0 and p.saves[0].list_ms > 0 and p.saves[0].post_snapshot_ms >= 0
         assert p.groups == TINY_ROWS.groups_for(0.25)
         assert p.commits > 0 and p.commits_idle.n + p.commits_during_save.n == p.commits
     write_json(tmp_path / "out.json", result_document(points, config, {"command": "test"}))

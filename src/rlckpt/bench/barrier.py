@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from rlckpt.bench.pump import RolloutPump
 from rlckpt.bench.rows import MiB, RowShape
 from rlckpt.bench.stats import Summary, summarize
 from rlckpt.bench.timed_barrier import MutationEvent, TimedBarrier, WindowEvent
+from rlckpt.bench.timed_plane import TimedDataPlane
 from rlckpt.checkpoint.save import SaveMode, SaveParticipants, save_bundle
 from rlckpt.dataplane.base import DataPlaneClient
 from rlckpt.replay import ReplayBuffer
@@ -64,6 +66,12 @@ class SaveRecord:
     total_s: float
     bytes_written: int
     window_minus_snapshot_ms: float
+    # the window minus the snapshot, split: before the listing (index capture), the listing
+    # itself, between listing and snapshot (inventory check, metadata), after the snapshot
+    pre_list_ms: float = 0.0
+    list_ms: float = 0.0
+    list_to_snapshot_ms: float = 0.0
+    post_snapshot_ms: float = 0.0
 
 
 @dataclass
@@ -84,12 +92,23 @@ class PointResult:
     saves: list[SaveRecord]
 
     @property
+    def _worst_save(self) -> SaveRecord:
+        return max(self.saves, key=lambda s: s.window_s)
+
+    @property
     def window_ms(self) -> float:
-        return 1e3 * max(s.window_s for s in self.saves)
+        """The longest window of the point's saves."""
+        return 1e3 * self._worst_save.window_s
 
     @property
     def snapshot_ms(self) -> float:
-        return 1e3 * max(s.snapshot_s for s in self.saves)
+        """TransferQueue's snapshot time in the save with the longest window."""
+        return 1e3 * self._worst_save.snapshot_s
+
+    @property
+    def window_excess_median_ms(self) -> float:
+        """Median (window − TQ snapshot) over the saves."""
+        return statistics.median(s.window_minus_snapshot_ms for s in self.saves)
 
     @property
     def window_excess_ms(self) -> float:
@@ -135,11 +154,12 @@ async def run_point(
 ) -> PointResult:
     """Pump rollouts, save ``config.saves`` times, and summarize what the commits waited."""
     store = BundleStore(destination.run_url(f"barrier-{size_mib:g}MiB-{mode}"), destination.storage_options)
+    timed = TimedDataPlane(data_plane)
     parts = SaveParticipants(
         store=store,
         policy=policy,
         replay=replay,
-        data_plane=data_plane,
+        data_plane=timed,  # type: ignore[arg-type]  # a pass-through proxy
         capture_loader_state=lambda: {"bench": True},
         run_mode="async",
         staging_root=config.staging_root,
@@ -160,8 +180,11 @@ async def run_point(
             if pump_task.done():
                 break
             t0 = time.perf_counter()
+            windows_before = len(barrier.window_events)
             report = await save_bundle(parts, step, mode=mode)
             save_bounds.append((t0, time.perf_counter()))
+            window = barrier.window_events[windows_before]
+            c = timed.calls
             records.append(
                 SaveRecord(
                     step=step,
@@ -172,6 +195,10 @@ async def run_point(
                     total_s=report.total_s,
                     bytes_written=report.bytes_written,
                     window_minus_snapshot_ms=1e3 * (report.window_s - report.snapshot_s),
+                    pre_list_ms=1e3 * (c.list_start - window.start),
+                    list_ms=1e3 * (c.list_end - c.list_start),
+                    list_to_snapshot_ms=1e3 * (c.snapshot_start - c.list_end),
+                    post_snapshot_ms=1e3 * (window.end - c.snapshot_end),
                 )
             )
         await asyncio.sleep(config.tail_s)
@@ -297,9 +324,12 @@ def evaluate_targets(points: Sequence[PointResult]) -> list[TargetCheck]:
     for p in points:
         if p.mode != "staged" or not p.saves:
             continue
+        worst = max(p.saves, key=lambda s: s.window_minus_snapshot_ms)
         checks.append(TargetCheck(
             "window <= TQ snapshot + 10 ms", f"{p.size_mib:g} MiB {p.destination}", p.window_excess_ms, 10.0,
-            p.window_excess_ms <= 10.0, f"window {p.window_ms:.1f} ms, snapshot {p.snapshot_ms:.1f} ms (worst save)",
+            p.window_excess_ms <= 10.0,
+            f"worst of {len(p.saves)} saves: window {1e3 * worst.window_s:.1f} ms, snapshot {1e3 * worst.snapshot_s:.1f} ms "
+            f"(listing {worst.list_ms:.1f} ms, index capture {worst.pre_list_ms:.1f} ms); median excess {p.window_excess_median_ms:.1f} ms",
         ))
     return checks
 
@@ -311,7 +341,8 @@ def result_document(points: Sequence[PointResult], config: BarrierConfig, meta: 
     out_points = []
     for p in points:
         d = asdict(p)
-        d.update(window_ms=p.window_ms, snapshot_ms=p.snapshot_ms, window_excess_ms=p.window_excess_ms)
+        d.update(window_ms=p.window_ms, snapshot_ms=p.snapshot_ms, window_excess_ms=p.window_excess_ms,
+                 window_excess_median_ms=p.window_excess_median_ms)
         out_points.append(d)
     return {
         "benchmark": "barrier_stall",

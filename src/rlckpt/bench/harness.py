@@ -78,6 +78,9 @@ def run_metadata(command: list[str]) -> dict[str, Any]:
         tq_version = "unknown"
     return {
         "command": " ".join(command),
+        "git_commit": _git_commit(),
+        "load_average_1m": os.getloadavg()[0],
+        "row_parser": "numpy (TransferQueueClient default)",
         "date_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ"),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
@@ -86,3 +89,15 @@ def run_metadata(command: list[str]) -> dict[str, Any]:
         "ray": ray.__version__,
         "transferqueue": tq_version,
     }
+
+
+def _git_commit() -> str:
+    """HEAD of the source tree the benchmark ran from, with ``+dirty`` when files differ."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty.strip() else "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ def barrier_table(points: Sequence[PointResult]) -> str:
     """One markdown row per point: stalls (ms), window vs snapshot (ms), save and upload (s), bytes."""
     header = (
         "| data plane | destination | mode | commits idle p99 | during save p50 / p99 / max | "
-        "window (worst) | TQ snapshot | window − snapshot | upload | save total | written |\n"
+        "longest window | its TQ snapshot | window − snapshot median / worst | upload (max) | save total (max) | written |\n"
         "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     lines = []
@@ -38,7 +39,7 @@ def barrier_table(points: Sequence[PointResult]) -> str:
         lines.append(
             f"| {p.data_plane_bytes / MiB:.0f} MiB | {p.destination} | {p.mode} | {_ms(p.commits_idle.p99_ms)} ms | "
             f"{_ms(d.p50_ms)} / {_ms(d.p99_ms)} / {_ms(d.max_ms)} ms | {_ms(p.window_ms)} ms | {_ms(p.snapshot_ms)} ms | "
-            f"{p.window_excess_ms:+.1f} ms | {upload:.2f} s | {total:.2f} s | {written:.0f} MiB |"
+            f"{p.window_excess_median_ms:+.1f} / {p.window_excess_ms:+.1f} ms | {upload:.2f} s | {total:.2f} s | {written:.0f} MiB |"
         )
     return header + "\n".join(lines) + "\n"
 
@@ -70,8 +71,18 @@ def barrier_plot(points: Sequence[PointResult], path: Path) -> Path:
         for ax, metric in zip(axes, ("p99_ms", "max_ms"), strict=True):
             values = [max(getattr(p.commits_during_save, metric), 0.01) for p in series]
             ax.plot(sizes, values, style, marker=marker, label=f"{mode} · {dest}")
+    snapshots = sorted(
+        (p.data_plane_bytes / MiB, 1e3 * statistics.median(s.snapshot_s for s in p.saves))
+        for p in points if p.mode == "staged" and p.saves and p.destination == "local"
+    )
+    if snapshots:
+        for ax in axes:
+            ax.plot([x for x, _ in snapshots], [y for _, y in snapshots], ":", color="gray", label="TQ snapshot (median, local)")
+    all_sizes = sorted({p.data_plane_bytes / MiB for p in points})
     for ax, title in zip(axes, ("p99 commit wait during saves", "max commit wait during saves"), strict=True):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(all_sizes, [f"{x:.0f}" for x in all_sizes])
+        ax.minorticks_off()
         ax.set_yscale("log")
         ax.set_xlabel("data plane (MiB)")
         ax.set_title(title)
