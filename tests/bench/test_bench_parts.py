@@ -89,3 +89,13 @@ def test_bad_bench_command_lines_exit_with_usage_error(argv, capsys):
 def test_bench_barrier_parses_sizes_and_destinations():
     args = build_parser().parse_args(["bench", "barrier", "--sizes", "16,64", "--destinations", "local"])
     assert args.sizes == [16.0, 64.0] and args.destinations == ["local"] and args.modes == ["inline", "staged"]
+
+
+def test_results_json_reads_back_into_the_same_points_for_replotting():
+    import json
+
+    from rlckpt.bench.barrier import BarrierConfig, points_from_document, result_document
+
+    points = [_point("local", "staged", 0.1), _point("s3-moto", "inline", 0.4)]
+    document = json.loads(json.dumps(result_document(points, BarrierConfig(), {"command": "test"})))
+    assert points_from_document(document) == points

@@ -351,3 +351,16 @@ def result_document(points: Sequence[PointResult], config: BarrierConfig, meta: 
         "points": out_points,
         "targets": [asdict(c) for c in evaluate_targets(points)],
     }
+
+
+def points_from_document(document: dict[str, Any]) -> list[PointResult]:
+    """PointResults back from a ``barrier_stall.json`` (to redraw the table and plot without measuring)."""
+    out = []
+    derived = {"window_ms", "snapshot_ms", "window_excess_ms", "window_excess_median_ms"}
+    for raw in document["points"]:
+        d = {k: v for k, v in raw.items() if k not in derived}
+        for name in ("commits_idle", "commits_during_save", "commits_in_window"):
+            d[name] = Summary(**d[name])
+        d["saves"] = [SaveRecord(**s) for s in d["saves"]]
+        out.append(PointResult(**d))
+    return out

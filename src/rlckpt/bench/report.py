@@ -72,12 +72,15 @@ def barrier_plot(points: Sequence[PointResult], path: Path) -> Path:
             values = [max(getattr(p.commits_during_save, metric), 0.01) for p in series]
             ax.plot(sizes, values, style, marker=marker, label=f"{mode} · {dest}")
     snapshots = sorted(
-        (p.data_plane_bytes / MiB, 1e3 * statistics.median(s.snapshot_s for s in p.saves))
+        (p.data_plane_bytes / MiB, 1e3 * statistics.median(s.snapshot_s for s in p.saves),
+         1e3 * max(s.snapshot_s for s in p.saves))
         for p in points if p.mode == "staged" and p.saves and p.destination == "local"
     )
     if snapshots:
         for ax in axes:
-            ax.plot([x for x, _ in snapshots], [y for _, y in snapshots], ":", color="gray", label="TQ snapshot (median, local)")
+            xs = [x for x, _, _ in snapshots]
+            ax.plot(xs, [m for _, m, _ in snapshots], ":", color="gray", label="TQ snapshot, median save (local)")
+            ax.plot(xs, [w for _, _, w in snapshots], ":", color="black", label="TQ snapshot, slowest save (local)")
     all_sizes = sorted({p.data_plane_bytes / MiB for p in points})
     for ax, title in zip(axes, ("p99 commit wait during saves", "max commit wait during saves"), strict=True):
         ax.set_xscale("log", base=2)

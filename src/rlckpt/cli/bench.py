@@ -80,6 +80,8 @@ def _add_barrier(sub: Any) -> None:
     p.add_argument("--rate", type=float, default=20.0, metavar="GROUPS_PER_S", help="commit rate of the rollout pump (default 20)")
     p.add_argument("--policy-mib", type=float, default=16.0, metavar="MIB", help="policy blob written by each save (default 16)")
     p.add_argument("--quick", action="store_true", help="tiny run for a smoke test: 1 and 2 MiB, 1 save, short gaps")
+    p.add_argument("--replot", metavar="JSON", default=None,
+                   help="measure nothing: redraw the table and plot from an earlier barrier_stall.json into --out-dir")
     _common_bench_args(p)
     p.set_defaults(func=run_barrier)
 
@@ -128,6 +130,8 @@ def run_barrier(args: argparse.Namespace) -> int:
     from rlckpt.bench.report import barrier_plot, barrier_table, targets_table, write_json
     from rlckpt.testing.tq import connect_client, reset_tq_state
 
+    if args.replot:
+        return _replot(args)
     _check_destinations(args)
     bad = set(args.modes) - {"inline", "staged"}
     if bad:
@@ -160,6 +164,24 @@ def run_barrier(args: argparse.Namespace) -> int:
     barrier_plot(points, out / "barrier_stall.png")
     print(markdown)
     print(f"wrote {out}/barrier_stall.json, .md, .png", file=sys.stderr)
+    return _common.EXIT_OK
+
+
+def _replot(args: argparse.Namespace) -> int:
+    """Table and plot again from a results JSON (e.g. after a change to the plot), keeping its command line."""
+    import json
+
+    from rlckpt.bench.barrier import evaluate_targets, points_from_document
+    from rlckpt.bench.report import barrier_plot, barrier_table, targets_table
+
+    document = json.loads(Path(args.replot).read_text())
+    points = points_from_document(document)
+    meta = document["meta"]
+    out = Path(args.out_dir)
+    markdown = barrier_table(points) + "\n" + targets_table(evaluate_targets(points))
+    (out / "barrier_stall.md").write_text(f"Command: `{meta['command']}` ({meta['date_utc']})\n\n" + markdown)
+    barrier_plot(points, out / "barrier_stall.png")
+    print(markdown)
     return _common.EXIT_OK
 
 
