@@ -151,9 +151,17 @@ async def run_point(
     destination: Destination,
     mode: SaveMode,
     policy: BlobPolicy,
+    keepalive: list[Any] | None = None,
 ) -> PointResult:
-    """Pump rollouts, save ``config.saves`` times, and summarize what the commits waited."""
+    """Pump rollouts, save ``config.saves`` times, and summarize what the commits waited.
+
+    The store is appended to ``keepalive`` so the caller can drop it after its event loop has
+    ended: s3fs closing a filesystem that is garbage-collected while an asyncio loop runs in
+    this thread schedules the close on the wrong loop and logs an error.
+    """
     store = BundleStore(destination.run_url(f"barrier-{size_mib:g}MiB-{mode}"), destination.storage_options)
+    if keepalive is not None:
+        keepalive.append(store)
     timed = TimedDataPlane(data_plane)
     parts = SaveParticipants(
         store=store,
@@ -232,6 +240,7 @@ async def run_size(
     size_mib: float,
     destinations: Sequence[Destination],
     on_point: Callable[[PointResult], None] = lambda p: None,
+    keepalive: list[Any] | None = None,
 ) -> list[PointResult]:
     """Fill an empty data plane to ``size_mib`` and run every destination × mode on it."""
     barrier = TimedBarrier()
@@ -248,6 +257,7 @@ async def run_size(
             point = await run_point(
                 replay, barrier, data_plane, pump,
                 config=config, size_mib=size_mib, destination=destination, mode=mode, policy=policy,
+                keepalive=keepalive,
             )
             on_point(point)
             results.append(point)
@@ -267,9 +277,12 @@ def run_sweep(
     for size in config.sizes_mib:
         reset()
         client = connect()
+        keepalive: list[Any] = []  # stores die after the loop (see run_point)
         results += asyncio.run(
-            run_size(client, config=config, size_mib=size, destinations=destinations, on_point=on_point)
+            run_size(client, config=config, size_mib=size, destinations=destinations, on_point=on_point,
+                     keepalive=keepalive)
         )
+        keepalive.clear()
     reset()
     return results
 

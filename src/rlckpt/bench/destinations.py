@@ -32,6 +32,7 @@ class Destination:
     root: str
     storage_options: dict[str, Any] | None = None
     _counter: int = field(default=0, repr=False)
+    _fs: Any = field(default=None, repr=False)
 
     @property
     def is_s3(self) -> bool:
@@ -43,12 +44,16 @@ class Destination:
         return f"{self.root.rstrip('/')}/{label}-{self._counter:03d}"
 
     def filesystem(self) -> Any:
-        """An fsspec filesystem for raw copies to this destination."""
+        """The fsspec filesystem for raw copies to this destination (one per destination: it must
+        outlive the benchmark's event loops, see ``barrier.run_point``)."""
         import fsspec
 
-        if self.is_s3:
-            return fsspec.filesystem("s3", **(self.storage_options or {}))
-        return fsspec.filesystem("file", auto_mkdir=True)
+        if self._fs is None:
+            if self.is_s3:
+                self._fs = fsspec.filesystem("s3", **(self.storage_options or {}))
+            else:
+                self._fs = fsspec.filesystem("file", auto_mkdir=True)
+        return self._fs
 
 
 def local_destination(root: Path) -> Destination:

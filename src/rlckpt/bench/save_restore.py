@@ -173,6 +173,7 @@ async def run_destinations(
     destinations: Sequence[Destination],
     connect: Callable[[], DataPlaneClient],
     reset: Callable[[], None],
+    keepalive: list[Any] | None = None,
 ) -> list[SaveRestoreResult]:
     """Fill the (empty) data plane once, then save/restore through rlckpt and raw on each destination."""
     replay = ReplayBuffer(data_plane, DataPlaneCheckpointBarrier(), partition_id=PARTITION,
@@ -185,6 +186,8 @@ async def run_destinations(
     for destination in destinations:
         result = SaveRestoreResult(destination.name, groups * config.shape.group_bytes, int(config.policy_mib * MiB), 0, 0)
         store = BundleStore(destination.run_url("save"), destination.storage_options)
+        if keepalive is not None:  # dropped after the event loop ends (see barrier.run_point)
+            keepalive.append(store)
         for rep in range(config.repeats):
             raw_url = destination.run_url("raw")
             await bench.rlckpt_save(store, rep + 1, result)
@@ -207,10 +210,13 @@ def run_save_restore(
 ) -> list[SaveRestoreResult]:
     """Sync entry point: an emptied TransferQueue, a fresh client, every destination; empties TQ after."""
     reset()
+    keepalive: list[Any] = []
     try:
         return asyncio.run(
-            run_destinations(connect(), config=config, destinations=destinations, connect=connect, reset=reset)
+            run_destinations(connect(), config=config, destinations=destinations, connect=connect, reset=reset,
+                             keepalive=keepalive)
         )
     finally:
+        keepalive.clear()
         reset()
 
