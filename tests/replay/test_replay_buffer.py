@@ -333,3 +333,14 @@ def test_inventory_mismatch_lists_missing_and_extra_ids():
     with pytest.raises(InventoryMismatchError) as info:
         buf.validate_inventory(ids[1:] + ["g99999999:0"])
     assert ids[0] in str(info.value) and "g99999999:0" in str(info.value)
+
+
+def test_a_captured_index_serializes_like_metadata_state_dict_and_ignores_later_changes():
+    buf = ReplayBuffer(InMemoryDataPlane(), DataPlaneCheckpointBarrier(), partition_id="p", group_size=2)
+    buf.reserve(weight_version=0, target_step=0)
+    captured = buf.capture_index()
+    before = buf.metadata_state_dict()
+    buf.reserve(weight_version=1, target_step=1)
+    asyncio.run(buf.remove_group(buf.groups()[0].group_id))
+    assert captured.state_dict() == before
+    assert captured.state_dict() != buf.metadata_state_dict()

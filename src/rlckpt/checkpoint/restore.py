@@ -14,7 +14,6 @@ connect-only client and the replay buffer can only be built afterwards (controll
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -25,8 +24,9 @@ from rlckpt.checkpoint import codec, layout
 from rlckpt.checkpoint.staging import staging_dir
 from rlckpt.checkpoint.phase import RestorePhase
 from rlckpt.dataplane.base import DataPlaneClient
+from rlckpt.dataplane.snapshot_metadata import read_snapshot_metadata
 from rlckpt.dataplane.threads import run_blocking
-from rlckpt.errors import CheckpointError, CorruptBundleError
+from rlckpt.errors import CheckpointError, CorruptBundleError, DataPlaneError
 from rlckpt.replay import groups_digest
 from rlckpt.store import Bundle, BundleStore, Manifest
 
@@ -135,10 +135,9 @@ def _check_pairing(manifest: Manifest, pieces: _FetchedPieces, expected_mode: st
             f"this rlckpt reads {layout.RUN_FORMAT} (not a bundle written by `rlckpt train`?)"
         )
     manifest_digest = meta.get(layout.META_INDEX_DIGEST)
-    snapshot_meta_path = pieces.snapshot_dir / "metadata.json"
     try:
-        snapshot_meta = json.loads(snapshot_meta_path.read_text())["user_metadata"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        snapshot_meta = read_snapshot_metadata(pieces.snapshot_dir)
+    except DataPlaneError as exc:
         raise CorruptBundleError(f"step {step}: {layout.DATA_PLANE_METADATA} is unreadable: {exc}") from exc
     snapshot_digest = snapshot_meta.get(layout.META_INDEX_DIGEST)
     replay_state = codec.loads(pieces.replay, origin=f"step {step}: {layout.REPLAY_FILE}")

@@ -5,8 +5,9 @@
 3. barrier window (exclusive side of DataPlaneCheckpointBarrier): capture the replay index and
    the dataloader position at one instant → ``list_sample_ids()`` must equal the index (else the
    save aborts, nothing committed) → TransferQueue snapshot into local staging → release
-4. outside the window: ``train_dataloader.pt``, ``data_plane/`` (digested, optionally zstd) and
-   ``replay_buffer_metadata.pt``
+4. outside the window: serialize and digest the captured index and write its digest into the
+   staged snapshot's metadata; ``data_plane/`` (digested, optionally zstd),
+   ``train_dataloader.pt`` and ``replay_buffer_metadata.pt``
 5. manifest with digests → COMMIT → retention
 
 Deviation from ARCHITECTURE step 2, on purpose: the dataloader position is *captured* inside the
@@ -32,7 +33,8 @@ from rlckpt.checkpoint.staging import staging_dir
 from rlckpt.dataplane.base import DataPlaneClient
 from rlckpt.dataplane.threads import run_blocking
 from rlckpt.errors import CheckpointError
-from rlckpt.replay import ReplayBuffer
+from rlckpt.dataplane.snapshot_metadata import update_snapshot_metadata
+from rlckpt.replay import IndexCapture, ReplayBuffer
 from rlckpt.store import BundleStore, BundleTransaction
 from rlckpt.store.manifest import sha256_hex
 
@@ -107,22 +109,23 @@ async def _write_and_commit(
         snapshot_dir = staging / layout.DATA_PLANE_DIR
         async with parts.replay.barrier.checkpoint():  # 3: the window
             window_started = time.perf_counter()
-            index = parts.replay.metadata_state_dict()
+            captured = parts.replay.capture_index()  # pointer copies; serialized after release
             loader_state = parts.capture_loader_state()  # same instant as the index: see module doc
             stored = await parts.data_plane.list_sample_ids(parts.replay.partition_id)
             parts.replay.validate_inventory(stored)  # a mismatch aborts the save
-            dp_metadata = _data_plane_metadata(index, step, parts.run_mode)
             t = time.perf_counter()
-            await parts.data_plane.save_checkpoint(snapshot_dir, metadata=dp_metadata)
+            await parts.data_plane.save_checkpoint(snapshot_dir, metadata={"step": step, "mode": parts.run_mode})
             snapshot_s = time.perf_counter() - t
             upload_s = 0.0
-            if mode == "inline":  # the reference design: upload while rollouts wait
+            if mode == "inline":  # the reference design: digest and upload while rollouts wait
+                index, dp_metadata = _finish_snapshot(captured, snapshot_dir, step, parts.run_mode)
                 upload_s = await _upload_snapshot(txn, snapshot_dir, compression)
             window_s = time.perf_counter() - window_started
 
-        await run_blocking(txn.write_bytes, layout.LOADER_FILE, codec.dumps(loader_state))  # 4
-        if mode == "staged":
+        if mode == "staged":  # 4: outside the window, off the event loop (rollouts resume at once)
+            index, dp_metadata = await run_blocking(_finish_snapshot, captured, snapshot_dir, step, parts.run_mode)
             upload_s = await _upload_snapshot(txn, snapshot_dir, compression)
+        await run_blocking(txn.write_bytes, layout.LOADER_FILE, codec.dumps(loader_state))
     await run_blocking(txn.write_bytes, layout.REPLAY_FILE, codec.dumps(index))
 
     metadata = {
@@ -156,15 +159,20 @@ async def _write_and_commit(
     return report
 
 
-def _data_plane_metadata(index: Mapping[str, Any], step: int, run_mode: str) -> dict[str, Any]:
-    """What TransferQueue stores beside its snapshot: ties it to this exact replay index."""
-    return {
+def _finish_snapshot(
+    captured: IndexCapture, snapshot_dir: Path, step: int, run_mode: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Serialize and digest the captured index, and tie the staged snapshot to it by that digest."""
+    index = captured.state_dict()
+    dp_metadata = {
         layout.META_INDEX_DIGEST: index["digest"],
         layout.META_GROUP_COUNT: len(index["groups"]),
         layout.META_MODE: run_mode,
         "step": step,
         "partition_id": index["partition_id"],
     }
+    update_snapshot_metadata(snapshot_dir, dp_metadata)
+    return index, dp_metadata
 
 
 async def _upload_snapshot(txn: BundleTransaction, snapshot_dir: Path, compression: str | None) -> float:

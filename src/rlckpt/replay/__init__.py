@@ -2,13 +2,14 @@
 
 from rlckpt.replay.barrier import BarrierStats, DataPlaneCheckpointBarrier
 from rlckpt.replay.buffer import ReplayBuffer, group_id_for
-from rlckpt.replay.records import SCHEMA_VERSION, GroupRecord, groups_digest, sample_id
+from rlckpt.replay.records import SCHEMA_VERSION, GroupRecord, IndexCapture, groups_digest, sample_id
 
 __all__ = [
     "SCHEMA_VERSION",
     "BarrierStats",
     "DataPlaneCheckpointBarrier",
     "GroupRecord",
+    "IndexCapture",
     "ReplayBuffer",
     "group_id_for",
     "groups_digest",

@@ -33,7 +33,7 @@ from typing import Any
 
 from rlckpt.errors import InventoryMismatchError, ReplayError, ReplayStateError
 from rlckpt.replay.barrier import DataPlaneCheckpointBarrier
-from rlckpt.replay.records import SCHEMA_VERSION, GroupRecord, groups_digest, sample_id
+from rlckpt.replay.records import SCHEMA_VERSION, GroupRecord, IndexCapture, groups_digest, sample_id
 
 logger = logging.getLogger(__name__)
 
@@ -243,6 +243,14 @@ class ReplayBuffer:
 
     # --- checkpoint ----------------------------------------------------------------------------
 
+    def capture_index(self) -> IndexCapture:
+        """The index at this instant, in O(groups) pointer copies (records are immutable).
+
+        Cheap enough for the checkpoint window: serializing and digesting it
+        (``IndexCapture.state_dict()``) can wait until the window is released.
+        """
+        return IndexCapture(self.partition_id, self.group_size, self._next_seq, tuple(self._groups.values()))
+
     def metadata_state_dict(self) -> dict[str, Any]:
         """Index only (no tensors), with a sha256 digest of the canonical JSON of the groups.
 
@@ -250,15 +258,7 @@ class ReplayBuffer:
         Reserved-but-uncommitted groups are included (empty ``sample_ids``) so a resumed run
         can generate them again under the same ids and order (``pending_groups()``).
         """
-        groups = [g.to_json() for g in self._groups.values()]
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "partition_id": self.partition_id,
-            "group_size": self.group_size,
-            "next_seq": self._next_seq,
-            "groups": groups,
-            "digest": groups_digest(groups),
-        }
+        return self.capture_index().state_dict()
 
     def load_state_dict(
         self,

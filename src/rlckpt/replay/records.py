@@ -64,3 +64,25 @@ def groups_digest(groups: Sequence[dict[str, Any]]) -> str:
     """sha256 hex of the canonical JSON (sorted keys, no spaces, ASCII) of the group dicts."""
     text = json.dumps(list(groups), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+@dataclass(frozen=True)
+class IndexCapture:
+    """An immutable view of the replay index at one instant (see ``ReplayBuffer.capture_index``)."""
+
+    partition_id: str
+    group_size: int
+    next_seq: int
+    groups: tuple[GroupRecord, ...]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The serialized index: header, groups as JSON dicts, and the digest over the groups."""
+        groups = [g.to_json() for g in self.groups]
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "partition_id": self.partition_id,
+            "group_size": self.group_size,
+            "next_seq": self.next_seq,
+            "groups": groups,
+            "digest": groups_digest(groups),
+        }

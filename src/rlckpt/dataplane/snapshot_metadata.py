@@ -1,0 +1,42 @@
+"""The user metadata beside a data-plane snapshot (``metadata.json``, TransferQueue's own format).
+
+Both adapters write ``{"storage_saved": true, "user_metadata": {...}}``. Reading it is plain
+JSON, so a restore can check a snapshot's pairing before any pickle in it is loaded; updating it
+lets a save finish the metadata (e.g. the index digest) after the barrier window is released.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rlckpt.dataplane.base import SNAPSHOT_METADATA_FILE
+from rlckpt.errors import DataPlaneError
+
+
+def read_snapshot_metadata(local_dir: str | Path) -> dict[str, Any]:
+    """The user metadata of the snapshot in ``local_dir``; DataPlaneError naming the file if unreadable."""
+    path = Path(local_dir) / SNAPSHOT_METADATA_FILE
+    try:
+        meta = json.loads(path.read_text())["user_metadata"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataPlaneError(f"{path}: not a data-plane snapshot's metadata ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(meta, dict):
+        raise DataPlaneError(f"{path}: user_metadata is {type(meta).__name__}, expected an object")
+    return meta
+
+
+def update_snapshot_metadata(local_dir: str | Path, extra: Mapping[str, Any]) -> None:
+    """Merge ``extra`` into the user metadata of a staged snapshot (atomic replace of the file)."""
+    path = Path(local_dir) / SNAPSHOT_METADATA_FILE
+    try:
+        document = json.loads(path.read_text())
+        document["user_metadata"] = {**document["user_metadata"], **extra}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DataPlaneError(f"{path}: cannot update the snapshot's metadata ({type(exc).__name__}: {exc})") from exc
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(document))
+    os.replace(tmp, path)
