@@ -19,13 +19,10 @@ import os
 import platform
 import random
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -37,6 +34,7 @@ from typing import Any
 import fsspec
 
 from rlckpt.store import BundleStore
+from rlckpt.testing.moto import moto_server, s3_env_vars, s3_options_for
 
 MiB = 1 << 20
 KiB = 1 << 10
@@ -100,52 +98,8 @@ class Target:
         return fsspec.filesystem(protocol, **self.storage_options)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextmanager
-def moto_server() -> Iterator[str]:
-    """A moto S3 server on loopback as a subprocess (faster than the threaded one on 2 cores); yields its URL."""
-    port = free_port()
-    exe = Path(sys.executable).with_name("moto_server")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "moto.server"]
-    proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1)
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto server did not start on {endpoint}") from None
-                time.sleep(0.1)
-        yield endpoint
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def s3_options(endpoint: str, key: str, secret: str) -> dict[str, Any]:
-    return {
-        "endpoint_url": endpoint,
-        "key": key,
-        "secret": secret,
-        "skip_instance_cache": True,
-        "use_listings_cache": False,
-    }
-
-
 def s3_target(name: str, endpoint: str, key: str, secret: str, run_id: str) -> Target:
-    opts = s3_options(endpoint, key, secret)
+    opts = s3_options_for(endpoint, key, secret)
     fs = fsspec.filesystem("s3", **opts)
     if not fs.exists(BUCKET):
         fs.mkdir(BUCKET)
@@ -420,12 +374,9 @@ def targets(names: list[str], scratch: Path, args: argparse.Namespace, run_id: s
 
 
 def s3_environment() -> None:
-    """Credentials and region for botocore without touching the user's AWS config."""
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    os.environ.setdefault("AWS_CONFIG_FILE", os.devnull)
-    os.environ.setdefault("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    """Credentials and region for botocore without touching the user's AWS config (set values win)."""
+    for name, value in s3_env_vars().items():
+        os.environ.setdefault(name, value)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,25 +3,17 @@ external S3 endpoint such as Ceph RGW. Each destination hands out fresh run URLs
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
-import subprocess
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-logger = logging.getLogger(__name__)
+from rlckpt.testing.moto import AWS_ISOLATION_ENV, make_s3fs, moto_server, s3_options_for
+
+__all__ = ["Destination", "local_destination", "moto_server", "s3_destination"]
 
 BUCKET = "rlckpt-bench"
-# s3fs/boto must see only the benchmark's endpoint and credentials, never a user profile.
-_AWS_ISOLATION = {
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_CONFIG_FILE": "/dev/null",
-    "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
-}
 
 
 @dataclass
@@ -64,41 +56,12 @@ def local_destination(root: Path) -> Destination:
 
 def s3_destination(name: str, endpoint: str, key: str = "testing", secret: str = "testing") -> Destination:
     """Bundles under a fresh prefix of the benchmark bucket on ``endpoint`` (bucket made if missing)."""
-    from rlckpt.testing.s3 import make_s3fs
-
-    for var, value in _AWS_ISOLATION.items():
+    # s3fs/boto must see only the benchmark's endpoint and credentials, never a user profile.
+    for var, value in AWS_ISOLATION_ENV.items():
         os.environ.setdefault(var, value)
-    options = {
-        "endpoint_url": endpoint,
-        "key": key,
-        "secret": secret,
-        "skip_instance_cache": True,
-        "use_listings_cache": False,
-    }
+    options = s3_options_for(endpoint, key, secret)
     fs = make_s3fs(options)
     if not fs.exists(BUCKET):
         fs.mkdir(BUCKET)
     return Destination(name, f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}", options)
 
-
-@contextlib.contextmanager
-def moto_server() -> Iterator[str]:
-    """A moto S3 server subprocess on 127.0.0.1 for the duration of the block; yields its URL."""
-    from rlckpt.testing.s3 import _free_port, _moto_server_command, _wait_http
-
-    port = _free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        _moto_server_command(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    try:
-        _wait_http(endpoint, proc)
-        logger.info("moto server on %s (pid %d)", endpoint, proc.pid)
-        yield endpoint
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

@@ -3,120 +3,35 @@ Ceph RGW via RLCKPT_TEST_S3_ENDPOINT), a fresh bucket per test, and `store_locat
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from rlckpt.testing.moto import make_s3fs, moto_server, s3_env, s3_options_for, wait_http
+
 ENDPOINT_ENV = "RLCKPT_TEST_S3_ENDPOINT"
 KEY_ENV = "RLCKPT_TEST_S3_KEY"
 SECRET_ENV = "RLCKPT_TEST_S3_SECRET"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_http(url: str, proc: subprocess.Popen[bytes] | None, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"moto_server exited early with code {proc.returncode}")
-        try:
-            urllib.request.urlopen(url, timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"S3 endpoint {url} did not come up within {timeout}s")
-
-
-def _moto_server_command(port: int) -> list[str]:
-    exe = shutil.which("moto_server", path=os.path.dirname(sys.executable)) or shutil.which("moto_server")
-    if exe:
-        return [exe, "-H", "127.0.0.1", "-p", str(port)]
-    return [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
-
-
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     """URL of an S3 endpoint for the session; sets AWS_* so s3fs/boto find it and nothing else."""
-    saved = {k: os.environ.get(k) for k in _AWS_ENV_KEYS}
     external = os.environ.get(ENDPOINT_ENV)
-    key = os.environ.get(KEY_ENV, "testing") if external else "testing"
-    secret = os.environ.get(SECRET_ENV, "testing") if external else "testing"
-    proc: subprocess.Popen[bytes] | None = None
-    if external:
-        endpoint = external.rstrip("/")
-    else:
-        port = _free_port()
-        endpoint = f"http://127.0.0.1:{port}"
-        proc = subprocess.Popen(
-            _moto_server_command(port), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-        )
-    os.environ.update(
-        AWS_ACCESS_KEY_ID=key,
-        AWS_SECRET_ACCESS_KEY=secret,
-        AWS_DEFAULT_REGION="us-east-1",
-        AWS_CONFIG_FILE="/dev/null",
-        AWS_SHARED_CREDENTIALS_FILE="/dev/null",
-        AWS_ENDPOINT_URL_S3=endpoint,
-    )
-    os.environ.pop("AWS_PROFILE", None)
-    try:
-        _wait_http(endpoint, proc)
+    with contextlib.ExitStack() as stack:
+        if external:
+            endpoint = external.rstrip("/")
+            key, secret = os.environ.get(KEY_ENV, "testing"), os.environ.get(SECRET_ENV, "testing")
+            wait_http(endpoint)
+        else:
+            endpoint = stack.enter_context(moto_server())
+            key, secret = "testing", "testing"
+        stack.enter_context(s3_env(endpoint, key, secret))
         yield endpoint
-    finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-_AWS_ENV_KEYS = (
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_DEFAULT_REGION",
-    "AWS_CONFIG_FILE",
-    "AWS_SHARED_CREDENTIALS_FILE",
-    "AWS_ENDPOINT_URL_S3",
-    "AWS_PROFILE",
-)
-
-
-def s3_options_for(endpoint: str) -> dict[str, Any]:
-    """s3fs storage options for a test endpoint (no listings cache: other clients' writes must show)."""
-    return {
-        "endpoint_url": endpoint,
-        "key": os.environ.get("AWS_ACCESS_KEY_ID", "testing"),
-        "secret": os.environ.get("AWS_SECRET_ACCESS_KEY", "testing"),
-        "skip_instance_cache": True,
-        "use_listings_cache": False,
-    }
-
-
-def make_s3fs(storage_options: dict[str, Any]) -> Any:
-    """An s3fs filesystem for tests (e.g. to corrupt objects behind the store's back)."""
-    import s3fs
-
-    return s3fs.S3FileSystem(**storage_options)
 
 
 @pytest.fixture(scope="session")
