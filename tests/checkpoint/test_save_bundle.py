@@ -77,6 +77,7 @@ def test_save_commits_every_piece_with_its_digest(store_location):
 def test_data_plane_files_are_zstd_compressed_when_asked(store_location):
     url, options = store_location
     parts, _ = asyncio.run(_parts(url, options))
+    parts.compress_data_plane = True
     asyncio.run(save_bundle(parts, 2))
     files = BundleStore(url, options).open(2).manifest.files
     assert {e.compression for p, e in files.items() if p.startswith("data_plane/")} == {"zstd"}
@@ -158,3 +159,12 @@ def test_retention_keeps_only_the_newest_bundles(store_location):
     for step in (1, 2, 3):
         asyncio.run(save_bundle(parts, step))
     assert BundleStore(url, options).steps() == [2, 3]
+
+
+def test_by_default_data_plane_files_are_compressed_on_object_stores_only(store_location):
+    url, options = store_location
+    parts, _ = asyncio.run(_parts(url, options))
+    asyncio.run(save_bundle(parts, 2))
+    store = BundleStore(url, options)
+    compressions = {e.compression for p, e in store.open(2).manifest.files.items() if p.startswith("data_plane/")}
+    assert compressions == ({None} if store.is_local else {"zstd"})

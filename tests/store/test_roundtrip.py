@@ -197,3 +197,10 @@ def test_gc_of_a_run_that_does_not_exist_yet_removes_nothing(store_location):
     url, options = store_location
     report = BundleStore(url, options).gc(keep_last=1)
     assert (report.removed, report.deleted_steps, report.kept_steps) == ([], [], [])
+
+
+def test_is_local_tells_local_disk_from_object_stores(store_location, tmp_path):
+    url, options = store_location
+    assert BundleStore(url, options).is_local == (options is None)
+    assert BundleStore(f"file://{tmp_path}/other").is_local
+    assert not BundleStore("memory://rlckpt-is-local").is_local

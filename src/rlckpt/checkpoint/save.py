@@ -60,7 +60,7 @@ class SaveParticipants:
     capture_loader_state: Callable[[], dict[str, Any]]
     run_mode: str = "in_order"
     staging_root: str | None = None
-    compress_data_plane: bool = True
+    compress_data_plane: bool | None = None  # None: zstd on object stores only (see data_plane_compression)
     keep_last: int | None = None
     extra_metadata: Mapping[str, Any] = field(default_factory=dict)
     before_commit: Callable[[int], Awaitable[None]] | None = None  # crash tests hold a save here
@@ -103,7 +103,7 @@ async def _write_and_commit(
     policy_bytes = await parts.policy.state_bytes()  # 2: policy
     await run_blocking(txn.write_bytes, layout.POLICY_FILE, policy_bytes)
     policy_s = time.perf_counter() - t
-    compression = "zstd" if parts.compress_data_plane else None
+    compression = data_plane_compression(parts.store, parts.compress_data_plane)
 
     with staging_dir(parts.staging_root, prefix=f"rlckpt-step{step}-") as staging:
         snapshot_dir = staging / layout.DATA_PLANE_DIR
@@ -157,6 +157,16 @@ async def _write_and_commit(
         step, report.group_count, report.bytes_written / 2**20, window_s, snapshot_s, upload_s, report.total_s,
     )
     return report
+
+
+def data_plane_compression(store: BundleStore, wanted: bool | None) -> str | None:
+    """zstd for ``data_plane/`` files: as asked, or by default only on object stores.
+
+    Token ids compress ≈4× at ≈220 MiB/s, which pays against S3's ≈100 MiB/s; on local NVMe it
+    only costs CPU (the save/restore benchmark measured 1.11 s with zstd vs 0.98 s without).
+    """
+    use = (not store.is_local) if wanted is None else wanted
+    return "zstd" if use else None
 
 
 def _finish_snapshot(

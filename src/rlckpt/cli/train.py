@@ -48,7 +48,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--staging-dir", default=None, metavar="DIR", help="local staging for data-plane snapshots (default: /dev/shm when available)")
     parser.add_argument("--save-failure", choices=("stop", "continue"), default="stop", help="what a failed save does: stop the run (default) or log and go on")
     parser.add_argument("--ray-temp-dir", default=None, metavar="DIR", help="where the private Ray cluster keeps sockets and logs (default: a new dir under /tmp, removed at exit)")
-    parser.add_argument("--no-compress", action="store_true", help="store data-plane files without zstd")
+    parser.add_argument("--compress", choices=("auto", "zstd", "none"), default="auto", help="data-plane files: zstd on object stores and plain on local disk (auto, default), or always zstd / never")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON line on stdout")
     _common.add_verbose_argument(parser)
     parser.set_defaults(func=run)
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         keep_last=args.keep_last,
         staging_dir=args.staging_dir,
         save_failure=args.save_failure,
-        compress_data_plane=not args.no_compress,
+        compress_data_plane={"auto": None, "zstd": True, "none": False}[args.compress],
         ray_temp_dir=args.ray_temp_dir,
     )
     ray_dir = args.ray_temp_dir or tempfile.mkdtemp(prefix="rlckpt-ray-", dir="/tmp")

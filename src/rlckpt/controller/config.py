@@ -26,7 +26,7 @@ class TrainConfig:
     keep_last: int | None = None  # retention after each commit (None: keep all)
     staging_dir: str | None = None  # local staging for snapshots (default: tmpfs when available)
     save_failure: SaveFailure = "stop"
-    compress_data_plane: bool = True
+    compress_data_plane: bool | None = None  # None: zstd on object stores, plain on local disk
     partition_id: str = "rollouts"
     num_prompts: int = 64
     task_seed: int = 0

@@ -95,6 +95,11 @@ class BundleStore:
     def root(self) -> str:
         return self._backend.root
 
+    @property
+    def is_local(self) -> bool:
+        """True for a local-disk store (atomic rename commit), False for object stores (marker last)."""
+        return bool(self._backend.local)
+
     # --- reachability / probe -----------------------------------------------------------------
     def _check_reachable(self) -> None:
         """Once per store: an S3-like store's bucket must exist; a local root must not be under a file."""
