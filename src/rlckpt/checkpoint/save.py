@@ -21,6 +21,7 @@ happens inside the window, so finished rollouts wait for the destination.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -75,7 +76,7 @@ class SaveReport:
     total_s: float
     policy_s: float
     window_s: float
-    snapshot_s: float
+    snapshot_s: float  # TQ snapshot, with the inventory listing running beside it
     upload_s: float
     bytes_written: int
     group_count: int
@@ -111,11 +112,13 @@ async def _write_and_commit(
             window_started = time.perf_counter()
             captured = parts.replay.capture_index()  # pointer copies; serialized after release
             loader_state = parts.capture_loader_state()  # same instant as the index: see module doc
-            stored = await parts.data_plane.list_sample_ids(parts.replay.partition_id)
-            parts.replay.validate_inventory(stored)  # a mismatch aborts the save
             t = time.perf_counter()
-            await parts.data_plane.save_checkpoint(snapshot_dir, metadata={"step": step, "mode": parts.run_mode})
+            stored, _ = await asyncio.gather(  # both only read; nothing can write inside the window
+                parts.data_plane.list_sample_ids(parts.replay.partition_id),
+                parts.data_plane.save_checkpoint(snapshot_dir, metadata={"step": step, "mode": parts.run_mode}),
+            )
             snapshot_s = time.perf_counter() - t
+            parts.replay.validate_inventory(stored)  # a mismatch aborts the save: nothing is committed
             upload_s = 0.0
             if mode == "inline":  # the reference design: digest and upload while rollouts wait
                 index, dp_metadata = _finish_snapshot(captured, snapshot_dir, step, parts.run_mode)
