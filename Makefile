@@ -12,9 +12,9 @@ install: $(STAMP)
 # installed before it would pull a multi-GB CUDA build.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[s3,train,test,bench]'
+	$(PY) -m pip install -qq --upgrade pip
+	$(PY) -m pip install -qq torch==2.13.0
+	$(PY) -m pip install -qq -e '.[s3,train,test,bench]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -82,12 +82,15 @@ def test_sigkill_in_the_middle_of_a_save_resumes_from_the_previous_bundle(tmp_pa
     env = {**os.environ, "RLCKPT_TEST_HOLD_SAVE": f"4:{held}"}
     cmd = [sys.executable, "-m", "rlckpt.cli.main", "train", "--run-dir", run_dir, "--steps", "6",
            "--save-every", "2", "--json", "--ray-temp-dir", ray_dir]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    log = tmp_path / "killed-run.log"  # a file, not a pipe: a full pipe would stall the run
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=sink, start_new_session=True)
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while not held.exists():
-            assert proc.poll() is None, f"run ended before the save of step 4: {proc.stderr.read().decode()[-3000:]}"
-            assert time.monotonic() < deadline, "the save of step 4 never started"
+            assert proc.poll() is None, f"run ended before the save of step 4: {log.read_text()[-3000:]}"
+            if time.monotonic() > deadline:
+                pytest.fail("the save of step 4 never started")
             time.sleep(0.2)
     finally:
         _kill_run(proc, ray_dir)
