@@ -94,3 +94,15 @@ def test_fresh_over_committed_bundles_is_refused_before_anything_starts(tmp_path
     _run(run_dir, 2)
     with pytest.raises(CheckpointError, match=r"--fresh but .* \(steps \[2\]\)"):
         setup_single_controller(TrainConfig(run_dir=run_dir, fresh=True))
+
+
+def test_a_dataloader_state_of_another_format_is_refused():
+    from rlckpt.controller.loop import LoopState
+    from rlckpt.errors import LoaderStateError
+
+    task = DigitSumTask(seed=0, num_prompts=64)
+    loader = PromptLoader(task, SMALL.prompts_per_step, seed=0)
+    state = LoopState(step=2).to_state(loader)
+    assert LoopState.from_state(state, loader).step == 2
+    with pytest.raises(LoaderStateError, match="format 99"):
+        LoopState.from_state({**state, "format": 99}, loader)

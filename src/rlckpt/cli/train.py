@@ -96,7 +96,6 @@ def run(args: argparse.Namespace) -> int:
         staging_dir=args.staging_dir,
         save_failure=args.save_failure,
         compress_data_plane={"auto": None, "zstd": True, "none": False}[args.compress],
-        ray_temp_dir=args.ray_temp_dir,
     )
     ray_dir = args.ray_temp_dir or tempfile.mkdtemp(prefix="rlckpt-ray-", dir="/tmp")
     start_local_ray(ray_dir, log_to_driver=args.verbose > 0)

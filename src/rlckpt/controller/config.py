@@ -32,7 +32,6 @@ class TrainConfig:
     task_seed: int = 0
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     tq_config: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_TQ_CONFIG))
-    ray_temp_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("in_order", "async"):

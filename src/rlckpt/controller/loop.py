@@ -28,7 +28,7 @@ from rlckpt.checkpoint.save import SaveParticipants, SaveReport, save_bundle
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.handles import Generator, Trainer
 from rlckpt.dataplane.base import DataPlaneClient
-from rlckpt.errors import CheckpointError, ReplayStateError
+from rlckpt.errors import CheckpointError, LoaderStateError
 from rlckpt.grpo import DigitSumTask, Prompt, PromptLoader, TrainBatch, grouped_advantages
 from rlckpt.replay import ReplayBuffer
 from rlckpt.store import BundleStore
@@ -67,7 +67,7 @@ class LoopState:
     @classmethod
     def from_state(cls, state: dict[str, Any], loader: PromptLoader) -> LoopState:
         if state.get("format") != LOADER_STATE_FORMAT:
-            raise ReplayStateError(f"train_dataloader.pt has format {state.get('format')!r}, expected 1")
+            raise LoaderStateError(f"train_dataloader.pt has format {state.get('format')!r}, expected 1")
         loader.load_state_dict(state["loader"])
         pending = {str(g): {k: int(x) for k, x in v.items()} for g, v in state["pending"].items()}
         return cls(int(state["step"]), int(state["next_batch_step"]), int(state["draws"]), pending)
