@@ -15,6 +15,7 @@ the installed package and imports only torch and numpy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,13 +37,18 @@ def _rows_of(column: Any) -> list[Any] | None:
     return None
 
 
-def split_rows(field_data: dict[str, Any]) -> dict[str, Any]:
-    """Every column as a list of independently owned torch rows (keys, order, length kept)."""
+def _split(field_data: dict[str, Any], own: Callable[[Any], Any]) -> dict[str, Any]:
+    """Every column as a list of rows, each made independent by ``own`` (keys, order, length kept)."""
     out: dict[str, Any] = {}
     for name, column in field_data.items():
         rows = _rows_of(column)
-        out[name] = column if rows is None else [_own_row(row) for row in rows]
+        out[name] = column if rows is None else [own(row) for row in rows]
     return out
+
+
+def split_rows(field_data: dict[str, Any]) -> dict[str, Any]:
+    """Every column as a list of independently owned torch rows (keys, order, length kept)."""
+    return _split(field_data, _own_row)
 
 
 def _numpy_row(row: Any) -> Any:
@@ -56,11 +62,7 @@ def _numpy_row(row: Any) -> Any:
 
 def split_rows_numpy(field_data: dict[str, Any]) -> dict[str, Any]:
     """Every column as a list of independently owned numpy rows (tensors where numpy cannot)."""
-    out: dict[str, Any] = {}
-    for name, column in field_data.items():
-        rows = _rows_of(column)
-        out[name] = column if rows is None else [_numpy_row(row) for row in rows]
-    return out
+    return _split(field_data, _numpy_row)
 
 
 PARSERS = {"numpy": split_rows_numpy, "torch": split_rows, "none": None}
