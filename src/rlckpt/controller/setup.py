@@ -40,8 +40,6 @@ class SingleController:
     policy: TQPolicy
     store: BundleStore
     restored: RestoredRun | None
-    phase: RestorePhase
-    setup_s: float
     extra_actors: list[Any] = field(default_factory=list)
 
     def run(self, on_event: Callable[[dict[str, Any]], None] | None = None, poll_s: float = 0.5) -> RunSummary:
@@ -116,7 +114,7 @@ def setup_single_controller(config: TrainConfig) -> SingleController:
     actor = ray.remote(SingleControllerActor).options(num_cpus=0).remote(args)  # 5
     seconds = time.perf_counter() - started
     logger.info("controller set up in %.1fs (%s)", seconds, f"resumed step {restored.step}" if restored else "fresh")
-    return SingleController(actor, policy, store, restored, phase, seconds, extra_actors=[generator])
+    return SingleController(actor, policy, store, restored, extra_actors=[generator])
 
 
 def _restored_index(restored: RestoredRun | None) -> RestoredIndex | None:
