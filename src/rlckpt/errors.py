@@ -49,6 +49,23 @@ class UnsafeStoreError(StoreError):
     """The server does not enforce create-exclusive writes, so exclusivity cannot be promised."""
 
 
+class LostWriteError(StoreError):
+    """A file a transaction wrote is missing, resized or joined by a stranger before COMMIT: nothing is
+    committed (gc or another writer touched what this transaction owns)."""
+
+
+class UnsafeObjectError(StoreError):
+    """An object in a run cannot be read safely: larger than its cap, or not a regular file."""
+
+
+class OversizedObjectError(UnsafeObjectError):
+    """A metadata object (COMMIT, manifest, intent) is larger than the cap for its kind."""
+
+
+class IrregularFileError(UnsafeObjectError):
+    """A path inside a run on local disk is a symlink, FIFO, socket or device, not a regular file."""
+
+
 # --- data plane ----------------------------------------------------------------------------------
 
 

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+from rlckpt.testing.store_checks import declare_writers_dead
+
 
 def _states(cli, run):
     return [(r["step"], r["state"]) for r in cli("ls", run.url, "--json", *run.options_args()).json()]
 
 
-def _abandon(run, step):
-    """A transaction whose writer vanished: data and intent written, never committed nor aborted."""
+def _begin(run, step):
+    """A transaction in progress: data and intent written, not yet committed nor aborted."""
     tx = run.store().begin(step)
     tx.write_bytes("partial.bin", b"p" * 500)
+    return tx
+
+
+def _abandon(run, step):
+    """A transaction whose writer process died: its data and intent stay behind."""
+    tx = _begin(run, step)
+    declare_writers_dead(run.store())
     return tx
 
 
@@ -35,7 +44,7 @@ def test_gc_removes_a_dead_transaction_and_keeps_committed_bundles(run, cli):
 
 def test_gc_leaves_a_live_transaction_alone(run, cli):
     run.commit(1)
-    tx = _abandon(run, 2)
+    tx = _begin(run, 2)
     try:
         result = cli("gc", run.url, "--json", *run.options_args())
         assert result.json()["live"] == [tx.txid]

@@ -65,7 +65,7 @@ def test_committing_an_existing_step_raises_bundle_exists(store):
 def test_committed_step_with_a_leftover_intent_is_refused_as_committed(store):
     save_sample(store, 4)
     leftover = Intent.new(4, "leftover-of-a-release-that-failed")
-    store._backend.create_exclusive(store._intent_path(4), leftover.to_bytes())
+    store.backend.create_exclusive(store.claims.path(4), leftover.to_bytes())
     with pytest.raises(BundleExistsError, match="step 4 .* already committed"):
         store.begin(4)
     store.open(4).verify()

@@ -8,12 +8,12 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import pytest
 
 from rlckpt.errors import BundleExistsError
 from rlckpt.store import BundleStore
+from rlckpt.testing.store_checks import make_intent_foreign
 
 
 def attempt(store: BundleStore, step: int, tag: bytes) -> str:
@@ -53,36 +53,42 @@ def test_threads_writing_one_step_commit_exactly_once(store_location):
 
 PROCESS_WRITER = textwrap.dedent(
     """
-    import json, sys, time
+    import json, sys
     from rlckpt.errors import BundleExistsError
     from rlckpt.store import BundleStore
-    url, options, tag, start_at = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3].encode(), float(sys.argv[4])
+    url, options, tag = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3].encode()
     store = BundleStore(url, options)
-    store.steps()
-    time.sleep(max(0.0, start_at - time.time()))
+    store.steps()  # connected and probed: the race starts at begin()
+    print("ready", flush=True)
+    assert sys.stdin.readline().strip() == "go"
     try:
         with store.begin(9) as txn:
             txn.write_bytes("who", tag)
             txn.write_bytes("payload", tag * 1000)
             txn.commit()
-        print("committed")
+        print("committed", flush=True)
     except BundleExistsError:
-        print("refused")
+        print("refused", flush=True)
     """
 )
 
 
 def test_processes_writing_one_step_commit_exactly_once(store_location):
     url, options = store_location
-    start_at = time.time() + 2.5  # both interpreters are up and connected by then
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", PROCESS_WRITER, url, json.dumps(options or {}), f"p{i}", str(start_at)],
+            [sys.executable, "-c", PROCESS_WRITER, url, json.dumps(options or {}), f"p{i}"],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=dict(os.environ),
         )
         for i in range(2)
     ]
+    for proc in procs:  # both interpreters up and connected before either may begin
+        assert proc.stdout.readline().strip() == b"ready"
+    for proc in procs:
+        proc.stdin.write(b"go\n")
+        proc.stdin.flush()
     outs = []
     for proc in procs:
         out, _ = proc.communicate(timeout=60)
@@ -111,7 +117,8 @@ def test_writer_whose_claim_was_taken_over_cannot_commit(store_location):
     store = BundleStore(url, options)
     txn = store.begin(4)
     txn.write_bytes("a", b"1")
-    store.gc(stale_after=0)  # an operator declares every transaction dead
+    make_intent_foreign(store, 4, age=7200)  # a writer elsewhere whose lease ran out, but is still running
+    store.gc()
     with pytest.raises(BundleExistsError, match="lost its claim"):
         txn.commit()
     assert store.steps() == []
@@ -122,16 +129,17 @@ def test_listing_taken_before_a_commit_finished_does_not_make_the_bundle_look_co
 ):
     """On S3 open() lists the step in parallel with reading COMMIT; a listing that predates the last
     upload of a concurrent commit must be re-taken, not reported as a missing file."""
-    import rlckpt.store.bundle as bundle_module
+    from rlckpt.store.backends import Listing
 
     store = BundleStore(s3_run_url, s3_storage_options)
     attempt(store, 1, b"a")
-    real_list_sizes = bundle_module._list_sizes
+    real_list_files = store.backend.list_files
     calls = []
 
-    def first_listing_is_early(store_, step):
-        calls.append(step)
-        return {} if len(calls) == 1 else real_list_sizes(store_, step)
+    def first_listing_is_early(path):
+        calls.append(path)
+        return Listing({}, {}) if len(calls) == 1 else real_list_files(path)
 
-    monkeypatch.setattr(bundle_module, "_list_sizes", first_listing_is_early)
+    monkeypatch.setattr(store.backend, "list_files", first_listing_is_early)
     assert store.open(1).read_bytes("who") == b"a"
+    assert len(calls) == 2  # the early listing was refused, and a fresh one decided

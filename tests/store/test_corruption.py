@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rlckpt.errors import CorruptBundleError, UncommittedBundleError
 from rlckpt.store import BundleStore
-from rlckpt.store.manifest import CommitMarker, Manifest, sha256_hex
+from rlckpt.store.manifest import CommitMarker, Manifest, canonical_json, sha256_hex
 from rlckpt.testing.store_checks import save_sample
 
 TARGET = "policy/weights.bin"
@@ -160,7 +162,9 @@ def test_failed_get_dir_leaves_no_directory_that_looks_complete(store, tmp_path)
 
 def test_manifest_with_unsafe_relpath_is_refused_at_read(store):
     manifest = Manifest.from_bytes(read(store, 2, "manifest.json"))
-    raw = manifest.to_bytes().replace(TARGET.encode(), b"../../escape.bin")
+    obj = json.loads(manifest.to_bytes())
+    obj["files"]["../../escape.bin"] = obj["files"].pop(TARGET)
+    raw = canonical_json(obj)  # a well-formed manifest in every other way
     write(store, 2, "manifest.json", raw)
     write(store, 2, "COMMIT", CommitMarker(step=2, txid=manifest.txid, manifest_sha256=sha256_hex(raw)).to_bytes())
     with pytest.raises(CorruptBundleError, match=r"manifest.json is invalid.*\.\."):

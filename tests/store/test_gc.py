@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlckpt.store import BundleStore
-from rlckpt.testing.store_checks import all_paths, debris, save_sample
+from rlckpt.testing.store_checks import abandoned_transaction, all_paths, debris, save_sample
 
 
 @pytest.fixture
@@ -37,10 +37,9 @@ def test_keep_last_below_one_is_refused_so_the_newest_survives(store):
 def test_dry_run_reports_but_removes_nothing(store):
     for step in (1, 2):
         save_sample(store, step)
-    crashed = store.begin(3)
-    crashed.write_bytes("a", b"1")
+    abandoned_transaction(store, 3)
     before = all_paths(store)
-    report = store.gc(keep_last=1, dry_run=True, stale_after=0)
+    report = store.gc(keep_last=1, dry_run=True)
     assert report.dry_run and report.deleted_steps == [1]
     assert report.removed  # the crashed transaction's intent and data
     assert all_paths(store) == before
@@ -62,10 +61,9 @@ def test_live_transaction_is_left_alone(store):
 
 def test_stale_transaction_is_removed_and_its_step_is_writable_again(store):
     save_sample(store, 1)
-    crashed = store.begin(2)  # never ended: a writer that hung or died on another host
-    crashed.write_bytes("a", b"1" * 100)
-    assert {e.step: e.state for e in store.entries()}[2] == "writing"
-    report = store.gc(stale_after=0)
+    abandoned_transaction(store, 2)  # never ended: a writer that hung or died on another host
+    assert {e.step: e.state for e in store.entries()}[2] == "stale"
+    report = store.gc()
     assert any("_txn" in p for p in report.removed)
     assert debris(store) == []
     assert store.steps() == [1]
@@ -76,11 +74,9 @@ def test_stale_transaction_is_removed_and_its_step_is_writable_again(store):
 def test_begin_takes_over_a_stale_claim(store_location):
     url, options = store_location
     store = BundleStore(url, options)
-    crashed = store.begin(5)
-    crashed.write_bytes("a", b"old")
-    impatient = BundleStore(url, options, stale_after=0)
-    save_sample(impatient, 5)
-    bundle = impatient.open(5)
+    abandoned_transaction(store, 5, {"a": b"old"})
+    save_sample(store, 5)
+    bundle = store.open(5)
     bundle.verify()
     assert "a" not in bundle.manifest.files
 

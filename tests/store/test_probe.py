@@ -65,11 +65,11 @@ def test_plain_einval_is_not_a_precondition_failure():
 
 
 def test_create_exclusive_is_probed_once_per_store(s3_run_url, s3_storage_options, monkeypatch):
-    import rlckpt.store.store as store_module
+    from rlckpt.store.backends import ObjectBackend
 
     probes = []
-    real_probe = store_module.create_exclusive_enforced
-    monkeypatch.setattr(store_module, "create_exclusive_enforced", lambda backend: probes.append(1) or real_probe(backend))
+    real_probe = ObjectBackend.create_exclusive_enforced
+    monkeypatch.setattr(ObjectBackend, "create_exclusive_enforced", lambda backend: probes.append(1) or real_probe(backend))
     store = BundleStore(s3_run_url, s3_storage_options)
     for step in (1, 2):
         with store.begin(step) as txn:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ContextManager
 
 from .compression import StreamCompressor
 from .manifest import FileEntry
@@ -15,7 +16,8 @@ class HashingWriter(io.RawIOBase):
     """Write-only stream: logical bytes in, (compressed) stored bytes out to `raw`, sha256 of stored bytes kept.
 
     `on_close(entry, ok)` is called once: with the FileEntry on a clean close, or with None after
-    `discard()` / an error, so the owner can commit or discard the underlying storage file.
+    `discard()` / an error, so the owner can commit or discard the underlying storage file. `guard(what)`
+    wraps every write to storage (the owner turns storage failures into its own errors there).
     """
 
     def __init__(
@@ -25,9 +27,11 @@ class HashingWriter(io.RawIOBase):
         on_close: Callable[[HashingWriter, FileEntry | None], None],
         compression: str | None = None,
         level: int = 1,
+        guard: Callable[[str], ContextManager[Any]] = lambda _what: contextlib.nullcontext(),
     ) -> None:
         super().__init__()
         self.raw = raw
+        self._guard = guard
         self.relpath = relpath
         self._on_close = on_close
         self._compression = compression
@@ -58,7 +62,8 @@ class HashingWriter(io.RawIOBase):
     def _emit(self, out: bytes | memoryview) -> None:
         if len(out):
             self._hash.update(out)
-            self.raw.write(out)
+            with self._guard(f"writing {self.relpath}"):
+                self.raw.write(out)
             self._stored += len(out)
 
     def discard(self) -> None:

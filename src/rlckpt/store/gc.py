@@ -1,170 +1,302 @@
-"""Garbage collection: retention of committed bundles and removal of what dead transactions left.
+"""Garbage collection as a plan, then its application: retention of committed bundles and removal of what
+dead transactions left. A dry run is the plan, not applied.
 
-Never touched: a bundle with a COMMIT (except by retention, which keeps at least the newest), and
-anything belonging to a live transaction (its intent is younger than `stale_after` and its writer
-is not known dead). The listing is taken BEFORE the intents are read, so data written by a
-transaction that began during gc is always covered by an intent gc has seen.
+What gc never removes:
+- a bundle that fully verifies unless `keep_last` newer ones fully verify too (retention counts only
+  loadable bundles), nor any bundle that fails its checks (kept and reported as corrupt);
+- anything a live transaction owns. The run is listed first, the incomplete uploads second, and the
+  intents last, so every file or upload in the plan of a transaction that was running is covered by an
+  intent gc has read. Each removal is re-checked when applied, and step data is only removed while gc
+  holds the step's claim itself: a writer that begins during gc is either refused the step until gc is
+  done, or owns it and gc skips it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
-from .intent import Intent
-from .inventory import scan
-from .paths import COMMIT_NAME, TMP_DIR, parse_step_dirname, step_dirname
+from rlckpt.errors import CorruptBundleError, UncommittedBundleError
 
-if TYPE_CHECKING:
-    from .store import BundleStore
+from .backends import Backend
+from .bundle import Bundle
+from .claims import Claims, IntentRead
+from .commit_check import load_checked_manifest
+from .inventory import Inventory
+from .paths import TMP_DIR, TXN_DIR, parse_step_dirname, step_dirname
 
 log = logging.getLogger(__name__)
 
-PROBE_GRACE = 60.0  # seconds
+LEFTOVER_GRACE = 60.0  # seconds a probe key or an intent's temp file may live (each lives for a few calls)
+
+DELETE_BUNDLE = "delete_bundle"  # retention: an older bundle that verified
+DISCARD_TRANSACTION = "discard_transaction"  # a dead writer's data and intent
+REMOVE_INTENT = "remove_intent"  # an intent left beside a committed step, or one for no step at all
+REMOVE_ORPHAN_STEP = "remove_orphan_step"  # step data with no COMMIT and no intent
+REMOVE_STAGING = "remove_staging"  # a local staging dir no intent names
+REMOVE_LEFTOVER = "remove_leftover"  # an old probe key or intent temp file
+ABORT_UPLOAD = "abort_upload"  # an incomplete multipart upload of no live transaction
+
+
+@dataclass(frozen=True)
+class GcAction:
+    """One thing gc will do; `target` is the path or key it affects."""
+
+    kind: str
+    target: str
+    step: int | None = None
+    txid: str | None = None
+    upload_id: str | None = None
+    reason: str = ""
+
+
+@dataclass
+class GcPlan:
+    """What a gc run found and intends to do."""
+
+    stale_after: float  # the threshold the plan was made with; removals are re-checked against it
+    actions: list[GcAction] = field(default_factory=list)
+    kept_steps: list[int] = field(default_factory=list)
+    corrupt: dict[int, str] = field(default_factory=dict)  # committed steps that fail a check, and why
+    live: list[str] = field(default_factory=list)  # txids of live transactions
+    quarantined: list[str] = field(default_factory=list)
+    irregular: list[str] = field(default_factory=list)  # non-regular paths outside any step, left alone
 
 
 @dataclass
 class GcReport:
-    """What gc removed (or, with dry_run, would remove)."""
+    """What gc removed (or, with dry_run, would remove), and what it left alone and why."""
 
     dry_run: bool
     deleted_steps: list[int] = field(default_factory=list)  # committed bundles removed by retention
-    kept_steps: list[int] = field(default_factory=list)  # committed bundles kept
-    removed: list[str] = field(default_factory=list)  # debris paths: uncommitted prefixes, tmp dirs, intents
+    kept_steps: list[int] = field(default_factory=list)  # committed bundles that verified and were kept
+    removed: list[str] = field(default_factory=list)  # debris paths: uncommitted prefixes, staging dirs, intents
     aborted_uploads: list[str] = field(default_factory=list)  # keys of incomplete multipart uploads
     live: list[str] = field(default_factory=list)  # txids of live transactions left alone
-    corrupt_steps: list[int] = field(default_factory=list)  # have a COMMIT but fail the marker check; untouched
+    corrupt_steps: list[int] = field(default_factory=list)  # have a COMMIT but fail a check; never touched
+    corrupt_reasons: dict[int, str] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)  # planned removals dropped at apply time, and why
+    quarantined: list[str] = field(default_factory=list)  # corrupt bundles moved aside earlier; left alone
+    irregular: list[str] = field(default_factory=list)  # non-regular paths outside any step; left alone
 
 
-def run_gc(store: BundleStore, keep_last: int | None, dry_run: bool, stale_after: float | None) -> GcReport:
-    """Plan and (unless dry_run) carry out retention and debris removal."""
-    if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
-        raise ValueError(f"keep_last must be an int >= 1 (the newest bundle is never deleted), got {keep_last!r}")
-    threshold = store.stale_after if stale_after is None else stale_after
-    backend, fs = store._backend, store.fs
-    report = GcReport(dry_run=dry_run)
+class GarbageCollector:
+    """Plans and applies gc over one run's backend and claims."""
 
-    inv = scan(fs, store.root)  # listing first, intents second (see module docstring)
-    intents: dict[str, Intent] = {}
-    for path in inv.intents:
-        intent = store.read_intent_at(path)
-        intents[path] = intent if intent is not None else Intent(step=-1, txid="?", host="?", pid=-1, started=0.0)
-    live = {i.step: i for i in intents.values() if i.step >= 0 and not i.is_stale(threshold)}
-    report.live = sorted(i.txid for i in live.values())
+    def __init__(self, backend: Backend, claims: Claims, url: str, max_workers: int) -> None:
+        self.backend = backend
+        self.claims = claims
+        self.url = url
+        self.max_workers = max_workers
 
-    # 1. retention over valid committed bundles
-    committed = sorted(s for s in inv.steps if inv.committed_marker(s))
-    valid = [s for s in committed if store._marker_names_manifest(s)]
-    report.corrupt_steps = [s for s in committed if s not in valid]
-    doomed = valid[:-keep_last] if keep_last else []
-    report.deleted_steps = doomed
-    report.kept_steps = [s for s in valid if s not in doomed]
-    for step in doomed:
-        _do(dry_run, lambda s=step: backend.delete_bundle(step_dirname(s)))
+    # --- plan ---------------------------------------------------------------------------------
+    def plan(self, keep_last: int | None, stale_after: float) -> GcPlan:
+        """Everything gc would do now (reads only)."""
+        if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
+            raise ValueError(f"keep_last must be an int >= 1 (the newest good bundle is never deleted), got {keep_last!r}")
+        inv = self.backend.scan()  # 1: data
+        uploads = self.backend.incomplete_uploads()  # 2: uploads
+        intents = self._read_intents(inv)  # 3: intents, listed afresh after both
+        plan = GcPlan(stale_after=stale_after, quarantined=sorted(inv.quarantined))
+        stale = {read.path: reason for read in intents if (reason := self._stale(read, stale_after)) is not None}
+        live = [read for read in intents if read.path not in stale]
+        plan.live = sorted(read.txid or read.path for read in live)
+        claimed_steps = {read.step for read in intents if read.step is not None}
+        live_steps = {read.step for read in live if read.step is not None}
+        named_txids = {read.txid for read in intents if read.txid}
 
-    # 2. dead transactions: their data, then their intent
-    for path, intent in sorted(intents.items()):
-        if intent.step in live and live[intent.step].txid == intent.txid:
-            continue
-        if intent.step >= 0 and not inv.committed_marker(intent.step):
-            if _still_unclaimed_or_ours(store, intent):
-                if backend.local:
-                    if intent.txid in inv.tmp_dirs:
-                        report.removed.append(backend.path(TMP_DIR, intent.txid))
-                elif inv.steps.get(intent.step):
-                    report.removed.append(backend.path(step_dirname(intent.step)))
-                _do(dry_run, lambda i=intent: backend.discard(step_dirname(i.step), i.txid))
-        report.removed.append(path)
-        _do(dry_run, lambda p=path: _rm_if_exists(fs, p))
+        self._plan_retention(plan, inv, keep_last)
+        for read in intents:
+            if read.path in stale:
+                self._plan_dead(plan, inv, read, stale[read.path])
+        for step in sorted(inv.steps):
+            if not inv.committed_marker(step) and step not in claimed_steps:
+                plan.actions.append(GcAction(REMOVE_ORPHAN_STEP, self.backend.path(step_dirname(step)), step=step, reason="no COMMIT and no intent"))
+        for name in sorted(inv.tmp_dirs):  # those of dead transactions go with them
+            if name not in named_txids:
+                plan.actions.append(GcAction(REMOVE_STAGING, self.backend.path(TMP_DIR, name), txid=name, reason="no intent names it"))
+        now = time.time()
+        for path, mtime in sorted({**inv.probes, **inv.intent_temps}.items()):
+            if mtime is None or now - mtime >= min(stale_after, LEFTOVER_GRACE):
+                plan.actions.append(GcAction(REMOVE_LEFTOVER, path, reason="left by a crashed probe or intent write"))
+        for key, upload_id in uploads:
+            step = parse_step_dirname(self.backend.rel(key).split("/", 1)[0])
+            if step is None or step not in live_steps:
+                plan.actions.append(GcAction(ABORT_UPLOAD, key, step=step, upload_id=upload_id, reason="no live transaction"))
+        plan.irregular = sorted(p for p in inv.irregular if parse_step_dirname(p.split("/", 1)[0]) is None)
+        return plan
 
-    # 3. orphans: uncommitted step data with no intent at all; staging dirs of no live transaction
-    claimed_steps = {i.step for i in intents.values()}
-    for step, files in sorted(inv.steps.items()):
-        if COMMIT_NAME in files or step in claimed_steps:
-            continue
-        report.removed.append(backend.path(step_dirname(step)))
-        _do(dry_run, lambda s=step: _remove_orphan_step(store, s))
-    live_txids = {i.txid for i in live.values()}
-    for name in sorted(inv.tmp_dirs):
-        if name in live_txids or backend.path(TMP_DIR, name) in report.removed:
-            continue
-        report.removed.append(backend.path(TMP_DIR, name))
-        _do(dry_run, lambda n=name: _rm_if_exists(fs, backend.path(TMP_DIR, n), recursive=True))
+    def _read_intents(self, inv: Inventory) -> list[IntentRead]:
+        """Every intent, from a listing of `_txn/` taken now (not the earlier run listing)."""
+        txn_dir = self.backend.path(TXN_DIR)
+        reads = []
+        for rel in sorted(self.backend.list_files(txn_dir).sizes):
+            if "/" in rel or rel.startswith("."):
+                continue  # temp files of atomic intent writes: leftovers, planned separately
+            path = f"{txn_dir}/{rel}"
+            read = self.claims.read_at(path, inv.intents.get(path))
+            if read is not None:
+                reads.append(read)
+        return reads
 
-    # probe keys a crashed probe left (a probe lives for two small PUTs; allow a minute)
-    now = time.time()
-    for key, mtime in sorted(inv.probes.items()):
-        if mtime is None or now - mtime >= min(threshold, PROBE_GRACE):
-            report.removed.append(key)
-            _do(dry_run, lambda k=key: _rm_if_exists(fs, k))
+    def _stale(self, read: IntentRead, stale_after: float) -> str | None:
+        return self.claims.stale_reason(read, stale_after)
 
-    # 4. incomplete multipart uploads under the run (S3 only) of steps with no live transaction
-    for key, upload_id in _multipart_uploads(store):
-        rel = key[len(store.root) + 1 :] if key.startswith(store.root + "/") else key
-        step = parse_step_dirname(rel.split("/", 1)[0])
-        if step is not None and step in live:
-            continue
-        report.aborted_uploads.append(key)
-        _do(dry_run, lambda k=key, u=upload_id: _abort_upload(fs, k, u))
+    def _plan_retention(self, plan: GcPlan, inv: Inventory, keep_last: int | None) -> None:
+        """Newest first: the first `keep_last` bundles that fully verify are kept, everything older that passes
+        the commit check is deleted; a bundle that fails is corrupt, kept and reported, never counted."""
+        doomed: list[GcAction] = []
+        for step in sorted(inv.steps, reverse=True):
+            if not inv.committed_marker(step):
+                continue
+            where = self.backend.path(step_dirname(step))
+            try:
+                manifest = load_checked_manifest(self.backend, self.url, step)
+                if keep_last is not None and len(plan.kept_steps) < keep_last:
+                    Bundle(self.backend, self.url, manifest, self.max_workers).verify()
+            except (CorruptBundleError, UncommittedBundleError) as exc:
+                plan.corrupt[step] = str(exc)
+                continue
+            if keep_last is None or len(plan.kept_steps) < keep_last:
+                plan.kept_steps.append(step)
+            else:
+                doomed.append(GcAction(DELETE_BUNDLE, where, step=step, reason=f"older than the {keep_last} newest good bundles"))
+        plan.actions.extend(reversed(doomed))  # oldest first
+        for step, what in inv.irregular_steps().items():
+            plan.corrupt.setdefault(step, f"step {step} at {self.url}: {what}")
+        plan.kept_steps.sort()
 
-    log.info(
-        "gc of %s%s: deleted steps %s, removed %d paths, aborted %d uploads",
-        store.url, " (dry run)" if dry_run else "", report.deleted_steps, len(report.removed), len(report.aborted_uploads),
-    )
-    return report
+    def _plan_dead(self, plan: GcPlan, inv: Inventory, read: IntentRead, reason: str) -> None:
+        if read.step is None or inv.committed_marker(read.step):
+            why = "its step is committed" if read.step is not None else "it names no step"
+            plan.actions.append(GcAction(REMOVE_INTENT, read.path, step=read.step, txid=read.txid, reason=why))
+            return
+        plan.actions.append(GcAction(DISCARD_TRANSACTION, read.path, step=read.step, txid=read.txid, reason=reason))
 
+    # --- apply --------------------------------------------------------------------------------
+    def report(self, plan: GcPlan, dry_run: bool) -> GcReport:
+        """The report of a plan, before anything is applied."""
+        report = GcReport(
+            dry_run=dry_run,
+            kept_steps=list(plan.kept_steps),
+            live=list(plan.live),
+            corrupt_steps=sorted(plan.corrupt),
+            corrupt_reasons=dict(sorted(plan.corrupt.items())),
+            quarantined=list(plan.quarantined),
+            irregular=list(plan.irregular),
+        )
+        if dry_run:
+            for action in plan.actions:
+                self._record(report, action, self._targets(action))
+        return report
 
-def _do(dry_run: bool, action: Any) -> None:
-    if not dry_run:
-        action()
+    def apply(self, plan: GcPlan) -> GcReport:
+        """Carry out the plan, re-checking each removal at the moment it is made."""
+        report = self.report(plan, dry_run=False)
+        for action in plan.actions:
+            try:
+                removed = getattr(self, f"_apply_{action.kind}")(action, plan)
+            except Exception as exc:  # noqa: BLE001 - one failed removal must not stop the rest
+                log.warning("gc: %s %s failed: %s", action.kind, action.target, exc, exc_info=True)
+                report.skipped.append(f"{action.target}: failed ({type(exc).__name__}: {exc})")
+                continue
+            if isinstance(removed, str):
+                report.skipped.append(f"{action.target}: {removed}")
+            else:
+                self._record(report, action, removed)
+        log.info(
+            "gc of %s: deleted steps %s, removed %d paths, aborted %d uploads, skipped %d",
+            self.url, report.deleted_steps, len(report.removed), len(report.aborted_uploads), len(report.skipped),
+        )
+        return report
 
+    def _targets(self, action: GcAction) -> list[str]:
+        """The paths a dry run reports for an action: a dead transaction's data, then its intent."""
+        if action.kind != DISCARD_TRANSACTION:
+            return [action.target]
+        data = self._data_of(action)
+        return [data, action.target] if data else [action.target]
 
-def _rm_if_exists(fs: Any, path: str, recursive: bool = False) -> None:
-    try:
-        fs.rm(path, recursive=recursive)
-    except FileNotFoundError:
-        pass
+    @staticmethod
+    def _record(report: GcReport, action: GcAction, removed: list[str]) -> None:
+        if action.kind == DELETE_BUNDLE:
+            report.deleted_steps.append(action.step)  # type: ignore[arg-type]
+        elif action.kind == ABORT_UPLOAD:
+            report.aborted_uploads.append(action.target)
+        else:
+            report.removed.extend(removed)
 
+    # Each _apply_* returns the paths it removed, or a string saying why it was skipped.
+    def _apply_delete_bundle(self, action: GcAction, plan: GcPlan) -> list[str]:
+        self.backend.delete_bundle(step_dirname(action.step))  # type: ignore[arg-type]
+        return [action.target]
 
-def _still_unclaimed_or_ours(store: BundleStore, intent: Intent) -> bool:
-    """Re-read the step's intent just before deleting: only act if it is still this dead one."""
-    current = store.read_intent(intent.step)
-    return current is None or current.txid == intent.txid
+    def _apply_remove_intent(self, action: GcAction, plan: GcPlan) -> list[str] | str:
+        read = self.claims.read_at(action.target)
+        if read is None or read.txid != action.txid:
+            return "the intent changed since it was planned"
+        self.backend.remove_file(action.target)
+        return [action.target]
 
+    def _apply_discard_transaction(self, action: GcAction, plan: GcPlan) -> list[str] | str:
+        """Take the dead writer's claim over (only if it is still the same dead intent), hold the step while
+        its data is removed, then let the step go."""
+        current = self.claims.read_at(action.target)
+        if current is None or current.txid != action.txid:
+            return "the intent changed since it was planned"
+        if self.claims.stale_reason(current, plan.stale_after) is None:
+            return "its writer is alive after all"
+        if not self.claims.remove_if_unchanged(current):
+            return "the intent changed hands meanwhile"
+        step_dir = step_dirname(action.step)  # type: ignore[arg-type]
+        data = self._data_of(action)
+        held = self._hold(action.step)  # type: ignore[arg-type]
+        if held is None:
+            return "a new writer claimed the step; its begin() removes what the dead one left"
+        try:
+            self.backend.discard(step_dir, action.txid)
+        finally:
+            self.claims.release(action.step, held)  # type: ignore[arg-type]
+        return [data, action.target] if data else [action.target]
 
-def _remove_orphan_step(store: BundleStore, step: int) -> None:
-    """Uncommitted data with no intent: re-check (no COMMIT, no intent) right before deleting."""
-    if store._has_commit(step) or store.read_intent(step) is not None:
-        return
-    backend = store._backend
-    path = backend.path(step_dirname(step))
-    if backend.local:
-        _rm_if_exists(store.fs, path, recursive=True)
-    else:
-        keys = store.fs.find(path)
-        if keys:
-            store.fs.rm(keys)
+    def _data_of(self, action: GcAction) -> str | None:
+        """Where a dead transaction's data is, if there is any (an unreadable intent names no staging dir)."""
+        data = self.backend.transaction_data(step_dirname(action.step), action.txid)  # type: ignore[arg-type]
+        return data if data is not None and self.backend.exists(data) else None
 
+    def _apply_remove_orphan_step(self, action: GcAction, plan: GcPlan) -> list[str] | str:
+        held = self._hold(action.step)  # type: ignore[arg-type]
+        if held is None:
+            return "a writer claimed the step meanwhile"
+        try:
+            if self.claims.committed(action.step):  # type: ignore[arg-type]
+                return "the step was committed meanwhile"
+            self.backend.remove_tree(action.target)
+        finally:
+            self.claims.release(action.step, held)  # type: ignore[arg-type]
+        return [action.target]
 
-def _multipart_uploads(store: BundleStore) -> list[tuple[str, str]]:
-    """(bucket/key, upload id) of incomplete multipart uploads under the run prefix; [] off S3."""
-    fs = store.fs
-    if store._backend.local or not hasattr(fs, "call_s3") or not hasattr(fs, "split_path"):
-        return []
-    bucket, prefix, _ = fs.split_path(store.root)
-    out: list[tuple[str, str]] = []
-    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix.rstrip("/") + "/" if prefix else ""}
-    while True:
-        page = fs.call_s3("list_multipart_uploads", **kwargs)
-        out.extend((f"{bucket}/{u['Key']}", u["UploadId"]) for u in page.get("Uploads", []) or [])
-        if not page.get("IsTruncated"):
-            return out
-        kwargs["KeyMarker"] = page.get("NextKeyMarker")
-        kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker")
+    def _apply_remove_staging(self, action: GcAction, plan: GcPlan) -> list[str] | str:
+        named = {read.txid for read in self._read_intents(Inventory())}
+        if action.txid in named:
+            return "an intent names it now"
+        self.backend.remove_tree(action.target)
+        return [action.target]
 
+    def _apply_remove_leftover(self, action: GcAction, plan: GcPlan) -> list[str]:
+        try:
+            self.backend.remove_file(action.target)
+        except FileNotFoundError:
+            pass
+        return [action.target]
 
-def _abort_upload(fs: Any, key: str, upload_id: str) -> None:
-    bucket, path, _ = fs.split_path(key)
-    fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=path, UploadId=upload_id)
+    def _apply_abort_upload(self, action: GcAction, plan: GcPlan) -> list[str]:
+        self.backend.abort_upload(action.target, action.upload_id or "")
+        return [action.target]
+
+    def _hold(self, step: int) -> str | None:
+        """Claim `step` for gc without taking anything over; the txid held, or None if someone holds it."""
+        txid = f"gc-{uuid.uuid4().hex}"
+        return txid if self.claims.try_claim(step, txid) else None

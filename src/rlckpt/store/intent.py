@@ -1,64 +1,117 @@
-"""The write-ahead intent (`_txn/step_<N>.json`): who writes which step since when; it doubles as the step's claim."""
+"""The write-ahead intent (`_txn/step_<N>.json`): who writes which step since when. It doubles as the
+step's claim (claims.py), and its liveness decides what gc and a second writer may take over."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
 from dataclasses import asdict, dataclass
 
-from .manifest import canonical_json
+from .manifest import canonical_json, parse_canonical
 from .paths import validate_step
 
+INTENT_FORMAT = 1
+INTENT_MAX_BYTES = 64 << 10
 DEFAULT_STALE_AFTER = 3600.0  # seconds; a transaction older than this with no COMMIT is presumed dead
+CLOCK_SKEW = 300.0  # seconds; a start time further in the future than this is not believed
+MAX_PID = 2**31 - 1  # pids are C ints; anything larger is not a pid
 
 
 @dataclass(frozen=True)
 class Intent:
-    """Recorded before the first data byte of a transaction; removed when it commits or aborts."""
+    """Recorded before the first data byte of a transaction; removed when it commits or aborts.
+
+    `pid_start` is the writer process's start time (clock ticks since boot, from /proc), so that a
+    recycled pid on the writer's host is not mistaken for the writer."""
 
     step: int
     txid: str
     host: str
     pid: int
     started: float  # unix time
+    pid_start: int | None = None
+    format: int = INTENT_FORMAT
 
     @classmethod
     def new(cls, step: int, txid: str) -> Intent:
-        return cls(step=step, txid=txid, host=socket.gethostname(), pid=os.getpid(), started=time.time())
+        pid = os.getpid()
+        return cls(step=step, txid=txid, host=socket.gethostname(), pid=pid, started=time.time(), pid_start=process_start(pid))
 
     def to_bytes(self) -> bytes:
         return canonical_json(asdict(self))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Intent:
-        obj = json.loads(data.decode("utf-8"))
+        """Parse and validate; ValueError on anything that is not an intent this version writes."""
+        obj = parse_canonical(data, "intent")
+        if obj.get("format") != INTENT_FORMAT:
+            raise ValueError(f"unsupported intent format {obj.get('format')!r} (expected {INTENT_FORMAT})")
+        pid, started, pid_start = obj.get("pid"), obj.get("started"), obj.get("pid_start")
+        if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= MAX_PID:
+            raise ValueError(f"intent has a bad pid: {pid!r}")
+        if isinstance(started, bool) or not isinstance(started, (int, float)):
+            raise ValueError(f"intent has a bad start time: {started!r}")
+        if pid_start is not None and (isinstance(pid_start, bool) or not isinstance(pid_start, int) or pid_start < 0):
+            raise ValueError(f"intent has a bad pid_start: {pid_start!r}")
+        if not isinstance(obj.get("txid"), str) or not isinstance(obj.get("host"), str):
+            raise ValueError("intent has no txid or host")
         return cls(
-            step=validate_step(obj["step"]),
-            txid=str(obj["txid"]),
-            host=str(obj["host"]),
-            pid=int(obj["pid"]),
-            started=float(obj["started"]),
+            step=validate_step(obj.get("step")),
+            txid=obj["txid"],
+            host=obj["host"],
+            pid=pid,
+            started=float(started),
+            pid_start=pid_start,
         )
 
-    def is_stale(self, stale_after: float, now: float | None = None) -> bool:
-        """Presumed dead: older than `stale_after` seconds, or its writer was on this host and has exited."""
+    def stale_reason(self, stale_after: float, mtime: float | None = None, now: float | None = None) -> str | None:
+        """Why the writer is presumed dead, or None while it may be alive.
+
+        On the writer's own host the process table decides (age does not: a live writer is live however
+        long it takes). Elsewhere age decides, measured from the earlier of the recorded start and the
+        object's modification time (a start dated in the future cannot keep a claim forever)."""
         now = time.time() if now is None else now
-        if now - self.started >= stale_after:
-            return True
-        return self.host == socket.gethostname() and not _pid_alive(self.pid)
+        if self.host == socket.gethostname():
+            if not pid_alive(self.pid):
+                return f"its writer (pid {self.pid}) on this host has exited"
+            if self.pid_start is not None and process_start(self.pid) not in (None, self.pid_start):
+                return f"pid {self.pid} on this host now belongs to another process"
+            return None
+        return age_reason(now - min(self.started, mtime if mtime is not None else self.started), stale_after)
 
     def describe(self) -> str:
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started))
         return f"txid {self.txid} (host {self.host}, pid {self.pid}, started {started})"
 
 
-def _pid_alive(pid: int) -> bool:
+def age_reason(age: float, stale_after: float) -> str | None:
+    """Staleness by age alone: too old, or dated implausibly far in the future."""
+    if age >= stale_after:
+        return f"older than {stale_after:g}s"
+    if age < -CLOCK_SKEW:
+        return f"dated {-age:.0f}s in the future"
+    return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    except (OverflowError, ValueError):
+        return False
     return True
+
+
+def process_start(pid: int) -> int | None:
+    """Start time of a process in clock ticks since boot (Linux /proc), or None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            fields = stat_file.read().rsplit(b")", 1)[1].split()
+        return int(fields[19])  # field 22 of proc(5); fields[0] is field 3
+    except (OSError, IndexError, ValueError):
+        return None

@@ -1,82 +1,83 @@
-"""One listing of a run, grouped by what each path belongs to (steps, intents, staging dirs); shared by
-`entries()`, `steps()` and `gc()`."""
+"""One listing of a run, grouped by what each path belongs to: steps, intents, staging dirs, probes, and
+paths that are not regular files. Shared by `entries()`, `steps()` and gc."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
-from .paths import COMMIT_NAME, PROBE_DIR, TMP_DIR, TXN_DIR, parse_step_dirname
+from .paths import COMMIT_NAME, PROBE_DIR, QUARANTINE_DIR, TMP_DIR, TXN_DIR, parse_step_dirname
+
+FILE = "file"
+DIRECTORY = "directory"
+
+
+@dataclass(frozen=True)
+class ListedPath:
+    """One path a backend listed, relative to the run root; kind is file, directory, or what else it is
+    (symlink, fifo, socket, device: local disk only)."""
+
+    rel: str
+    kind: str
+    size: int = 0
+    mtime: float | None = None
 
 
 @dataclass
 class Inventory:
-    """What a listing of the run found: per step the relpaths and sizes; intent names; staging dirs; others."""
+    """What a listing of the run found."""
 
-    steps: dict[int, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))
-    intents: list[str] = field(default_factory=list)  # full paths of _txn/*.json
-    tmp_dirs: dict[str, dict[str, int]] = field(default_factory=lambda: defaultdict(dict))  # name -> {path: size}
+    steps: dict[int, dict[str, int]] = field(default_factory=dict)  # step -> relpath -> size (regular files)
+    intents: dict[str, float | None] = field(default_factory=dict)  # _txn/step_<N>.json paths -> mtime
+    intent_temps: dict[str, float | None] = field(default_factory=dict)  # leftovers of atomic intent writes
+    tmp_dirs: dict[str, dict[str, int]] = field(default_factory=dict)  # staging dir name -> {path: size}
     probes: dict[str, float | None] = field(default_factory=dict)  # create-exclusive probe keys -> mtime
+    quarantined: set[str] = field(default_factory=set)  # names under _quarantine/
+    irregular: dict[str, str] = field(default_factory=dict)  # run-relative path -> kind (never followed)
 
     def committed_marker(self, step: int) -> bool:
+        """True when the step has a COMMIT object (whether or not it names its manifest)."""
         return COMMIT_NAME in self.steps.get(step, {})
 
+    def irregular_steps(self) -> dict[int, str]:
+        """Steps with a non-regular path at or under `step_<N>` (the step dir itself may be a symlink),
+        each with the first such path described."""
+        out: dict[int, str] = {}
+        for path, kind in sorted(self.irregular.items()):
+            step = parse_step_dirname(path.split("/", 1)[0])
+            if step is not None and step not in out:
+                out[step] = f"{path} is a {kind}, not a regular file"
+        return out
 
-def scan(fs: Any, root: str) -> Inventory:
-    """List everything under `root` once (one paginated LIST on S3) and group it."""
+
+def group(listed: Iterable[ListedPath], root: str) -> Inventory:
+    """Sort a flat listing into an Inventory; `root` (the run's full path) prefixes the intent/probe paths."""
     inv = Inventory()
-    try:
-        listed = fs.find(root, detail=True)
-    except FileNotFoundError:
-        return inv
-    for path, info in listed.items():
-        if not path.startswith(root + "/"):
+    for item in listed:
+        head, _, rest = item.rel.partition("/")
+        if item.kind not in (FILE, DIRECTORY):
+            inv.irregular[item.rel] = item.kind
+            if head == TMP_DIR and rest:  # keep the staging dir known (gc must not think it gone)
+                inv.tmp_dirs.setdefault(rest.split("/", 1)[0], {})
             continue
-        rel = path[len(root) + 1 :]
-        head, _, rest = rel.partition("/")
-        if head == TXN_DIR and rest:
-            inv.intents.append(path)
-        elif head == PROBE_DIR and rest:
-            inv.probes[path] = _mtime(info)
-        elif head == TMP_DIR and rest:
-            inv.tmp_dirs[rest.split("/", 1)[0]][path] = int(info.get("size") or 0)
-        else:
-            step = parse_step_dirname(head)
-            if step is not None and rest:
-                inv.steps[step][rest] = int(info.get("size") or 0)
-    if fs_is_local(fs):
-        _add_empty_dirs(fs, root, inv)
-    return inv
-
-
-def fs_is_local(fs: Any) -> bool:
-    from .backends import is_local_fs
-
-    return is_local_fs(fs)
-
-
-def _add_empty_dirs(fs: Any, root: str, inv: Inventory) -> None:
-    """Local disk: empty step_/tmp dirs do not show in find(); list the top level for them."""
-    try:
-        top = fs.ls(root, detail=True)
-    except FileNotFoundError:
-        return
-    for info in top:
-        name = info["name"].rstrip("/").rsplit("/", 1)[-1]
-        if info.get("type") != "directory":
-            continue
-        step = parse_step_dirname(name)
+        step = parse_step_dirname(head)
         if step is not None:
-            inv.steps.setdefault(step, {})
-        elif name == TMP_DIR:
-            for sub in fs.ls(info["name"], detail=True):
-                inv.tmp_dirs.setdefault(sub["name"].rstrip("/").rsplit("/", 1)[-1], {})
-
-
-def _mtime(info: dict[str, Any]) -> float | None:
-    """Modification time (unix) from an fsspec info dict: `mtime` (local) or `LastModified` (S3)."""
-    if isinstance(info.get("mtime"), (int, float)):
-        return float(info["mtime"])
-    last = info.get("LastModified")
-    return last.timestamp() if hasattr(last, "timestamp") else None
+            files = inv.steps.setdefault(step, {})
+            if rest and item.kind == FILE:
+                files[rest] = item.size
+        elif head == TXN_DIR and rest and item.kind == FILE:
+            full = f"{root}/{item.rel}"
+            if "/" not in rest and rest.startswith("."):
+                inv.intent_temps[full] = item.mtime
+            else:
+                inv.intents[full] = item.mtime
+        elif head == TMP_DIR and rest:
+            name, _, inner = rest.partition("/")
+            files = inv.tmp_dirs.setdefault(name, {})
+            if inner and item.kind == FILE:
+                files[f"{root}/{item.rel}"] = item.size
+        elif head == PROBE_DIR and rest and item.kind == FILE:
+            inv.probes[f"{root}/{item.rel}"] = item.mtime
+        elif head == QUARANTINE_DIR and rest:
+            inv.quarantined.add(rest.split("/", 1)[0])
+    return inv

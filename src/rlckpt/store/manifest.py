@@ -11,8 +11,12 @@ from rlckpt.errors import InvalidPathError
 
 from .paths import validate_relpath, validate_step
 
-FORMAT_VERSION = 1
+MANIFEST_FORMAT = 1
+COMMIT_FORMAT = 1
 COMPRESSIONS = (None, "zstd")
+# Caps on what a reader will fetch of each metadata record: no object in a run can make it allocate more.
+COMMIT_MAX_BYTES = 64 << 10
+MANIFEST_MAX_BYTES = 64 << 20  # ~300k file entries
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -20,6 +24,34 @@ def canonical_json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
         "utf-8"
     )
+
+
+def parse_canonical(data: bytes, what: str) -> dict[str, Any]:
+    """Parse a JSON object that must be in canonical form: valid UTF-8, no duplicate keys, and exactly
+    the bytes canonical_json would write for it (a record that differs was not written by rlckpt).
+    Raises ValueError naming `what`."""
+    try:
+        obj = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
+    except RecursionError:
+        raise ValueError(f"{what} is nested too deeply") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{what} is not UTF-8: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{what} is not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{what} is not a JSON object")
+    if canonical_json(obj) != data:
+        raise ValueError(f"{what} is not in canonical JSON form (sorted keys, no whitespace)")
+    return obj
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ValueError(f"duplicate key {key!r}")
+        obj[key] = value
+    return obj
 
 
 def sha256_hex(data: bytes) -> str:
@@ -54,7 +86,7 @@ class Manifest:
     created: str
     files: dict[str, FileEntry]
     metadata: dict[str, Any] = field(default_factory=dict)
-    format: int = FORMAT_VERSION
+    format: int = MANIFEST_FORMAT
 
     @property
     def total_size(self) -> int:
@@ -77,11 +109,9 @@ class Manifest:
     @classmethod
     def from_bytes(cls, data: bytes) -> Manifest:
         """Parse and validate manifest bytes; raise ValueError (or InvalidPathError) on anything malformed."""
-        obj = json.loads(data.decode("utf-8"))
-        if not isinstance(obj, dict):
-            raise ValueError("manifest is not a JSON object")
-        if obj.get("format") != FORMAT_VERSION:
-            raise ValueError(f"unsupported manifest format {obj.get('format')!r} (expected {FORMAT_VERSION})")
+        obj = parse_canonical(data, "manifest")
+        if obj.get("format") != MANIFEST_FORMAT:
+            raise ValueError(f"unsupported manifest format {obj.get('format')!r} (expected {MANIFEST_FORMAT})")
         files_obj = obj.get("files")
         if not isinstance(files_obj, dict):
             raise ValueError("manifest 'files' is not an object")
@@ -111,11 +141,17 @@ def _parse_entry(relpath: str, raw: Any) -> FileEntry:
     for name, value in (("size", size), ("logical_size", logical)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"manifest entry for {relpath!r} has a bad {name}: {value!r}")
-    if not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+    if not _is_sha256_hex(digest):
         raise ValueError(f"manifest entry for {relpath!r} has a bad sha256: {digest!r}")
     if comp not in COMPRESSIONS:
         raise ValueError(f"manifest entry for {relpath!r} has an unknown compression: {comp!r}")
+    if comp is None and logical != size:
+        raise ValueError(f"manifest entry for {relpath!r} is uncompressed but its logical size {logical} is not its size {size}")
     return FileEntry(size=size, sha256=digest, logical_size=logical, compression=comp)
+
+
+def _is_sha256_hex(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
 def _check_no_file_dir_clash(files: dict[str, FileEntry]) -> None:
@@ -134,7 +170,7 @@ class CommitMarker:
     step: int
     txid: str
     manifest_sha256: str
-    format: int = FORMAT_VERSION
+    format: int = COMMIT_FORMAT
 
     def to_bytes(self) -> bytes:
         return canonical_json(
@@ -143,11 +179,11 @@ class CommitMarker:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> CommitMarker:
-        obj = json.loads(data.decode("utf-8"))
-        if not isinstance(obj, dict) or obj.get("format") != FORMAT_VERSION:
-            raise ValueError("COMMIT is not a format-1 JSON object")
+        obj = parse_canonical(data, "COMMIT")
+        if obj.get("format") != COMMIT_FORMAT:
+            raise ValueError(f"unsupported COMMIT format {obj.get('format')!r} (expected {COMMIT_FORMAT})")
         digest = obj.get("manifest_sha256")
-        if not isinstance(digest, str) or len(digest) != 64:
+        if not _is_sha256_hex(digest):
             raise ValueError(f"COMMIT has a bad manifest_sha256: {digest!r}")
         if not isinstance(obj.get("txid"), str):
             raise ValueError("COMMIT has no txid")

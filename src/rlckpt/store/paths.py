@@ -13,6 +13,7 @@ RESERVED_NAMES = frozenset({MANIFEST_NAME, COMMIT_NAME})
 TXN_DIR = "_txn"
 TMP_DIR = "_tmp"
 PROBE_DIR = "_probe"
+QUARANTINE_DIR = "_quarantine"  # corrupt bundles moved aside so their step can be saved again
 
 _STEP_RE = re.compile(r"step_(0|[1-9][0-9]*)")
 
@@ -29,6 +30,16 @@ def validate_step(step: object) -> int:
 def step_dirname(step: int) -> str:
     """The directory/prefix name of a step: `step_<N>` without padding."""
     return f"{STEP_PREFIX}{validate_step(step)}"
+
+
+def intent_name(step: int) -> str:
+    """The file name of a step's intent under `_txn/`."""
+    return f"{step_dirname(step)}.json"
+
+
+def parse_intent_name(name: str) -> int | None:
+    """The step an intent file name `step_<N>.json` is for, or None."""
+    return parse_step_dirname(name[: -len(".json")]) if name.endswith(".json") else None
 
 
 def parse_step_dirname(name: str) -> int | None:

@@ -1,11 +1,13 @@
 """BundleStore: the entry point. Writers `begin(step)`; readers `steps()`, `latest()`, `open(step)`; tools
-`entries()` and `gc()`. See docs/store-protocol.md for the protocol."""
+`entries()` and `gc()`. A thin facade over the backend (storage primitives), the claims (who holds
+which step), the commit check and the garbage collector. See docs/store-protocol.md."""
 
 from __future__ import annotations
 
 import logging
 import os
 import threading
+import time
 import uuid
 import warnings
 from dataclasses import dataclass
@@ -16,19 +18,20 @@ import fsspec
 from rlckpt.errors import (
     BundleExistsError,
     CorruptBundleError,
-    StoreUnavailableError,
     UncommittedBundleError,
     UnsafeStoreError,
 )
 
-from .backends import make_backend
-from .bundle import Bundle, load_checked_manifest, read_marker_and_manifest
-from .intent import DEFAULT_STALE_AFTER, Intent
-from .inventory import scan
-from .manifest import CommitMarker, sha256_hex
-from .paths import COMMIT_NAME, MANIFEST_NAME, TXN_DIR, step_dirname, validate_step
-from .probe import create_exclusive_enforced
+from .backends import Backend, make_backend
+from .bundle import Bundle
+from .claims import Claims, IntentRead
+from .commit_check import load_checked_manifest
+from .gc import GarbageCollector, GcReport
+from .intent import DEFAULT_STALE_AFTER
+from .inventory import Inventory
+from .paths import COMMIT_NAME, MANIFEST_NAME, step_dirname, validate_step
 from .storage_errors import unavailable_as_store_error
+from .transaction import BundleTransaction
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +43,9 @@ class StoreEntry:
     """One step-like thing found in the store, for `rlckpt ls`.
 
     state: "committed" (COMMIT names the manifest and the listing matches it), "corrupt" (COMMIT
-    present but a check failed; `detail` says which), "uncommitted" (data without COMMIT and no
-    transaction: debris for gc), "writing" (a live transaction), "stale" (a transaction presumed dead).
+    present but a check failed, or a non-regular file in the step; `detail` says which), "uncommitted"
+    (data without COMMIT and no transaction: debris for gc), "writing" (a live transaction), "stale"
+    (a transaction presumed dead).
     """
 
     step: int
@@ -79,7 +83,8 @@ class BundleStore:
                 fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
             else:
                 root = fs._strip_protocol(self.url)
-        self._backend = make_backend(fs, root.rstrip("/") or root)
+        self.backend: Backend = make_backend(fs, root.rstrip("/") or root)
+        self.claims = Claims(self.backend, self.url, stale_after)
         self._checked = False
         self._probed = False
         self._lock = threading.Lock()
@@ -89,37 +94,24 @@ class BundleStore:
 
     @property
     def fs(self) -> Any:
-        return self._backend.fs
+        return self.backend.fs
 
     @property
     def root(self) -> str:
-        return self._backend.root
+        return self.backend.root
 
     @property
     def is_local(self) -> bool:
         """True for a local-disk store (atomic rename commit), False for object stores (marker last)."""
-        return bool(self._backend.local)
+        return self.backend.local
 
     # --- reachability / probe -----------------------------------------------------------------
     def _check_reachable(self) -> None:
-        """Once per store: an S3-like store's bucket must exist; a local root must not be under a file."""
+        """Once per store: the location can hold a run (bucket exists; no file where the root should be)."""
         if self._checked:
             return
         with unavailable_as_store_error(self.url, "checking the store"):
-            if self._backend.local:
-                parent = self.root
-                while parent and not os.path.exists(parent):
-                    parent = os.path.dirname(parent)
-                if parent and self.root != parent and not os.path.isdir(parent):
-                    raise StoreUnavailableError(f"store {self.url} unavailable: {parent} is not a directory")
-                if os.path.exists(self.root) and not os.path.isdir(self.root):
-                    raise StoreUnavailableError(f"store {self.url} unavailable: {self.root} is not a directory")
-            elif hasattr(self.fs, "split_path"):
-                bucket = self.fs.split_path(self.root)[0]
-                try:
-                    self.fs.call_s3("head_bucket", Bucket=bucket)
-                except FileNotFoundError:
-                    raise StoreUnavailableError(f"store {self.url} unavailable: bucket {bucket!r} does not exist") from None
+            self.backend.check_reachable(self.url)
         self._checked = True
 
     def _ensure_writable(self) -> None:
@@ -129,7 +121,7 @@ class BundleStore:
             if self._probed:
                 return
             with unavailable_as_store_error(self.url, "probing create-exclusive writes"):
-                enforced = create_exclusive_enforced(self._backend)
+                enforced = self.backend.create_exclusive_enforced()
             if not enforced:
                 msg = (
                     f"store {self.url} does not enforce create-exclusive writes (If-None-Match: *): "
@@ -141,124 +133,69 @@ class BundleStore:
                 warnings.warn(f"UNSAFE: {msg}", RuntimeWarning, stacklevel=3)
             self._probed = True
 
-    # --- intents ------------------------------------------------------------------------------
-    def _intent_path(self, step: int) -> str:
-        return self._backend.path(TXN_DIR, f"{step_dirname(step)}.json")
-
-    def read_intent(self, step: int) -> Intent | None:
-        """The intent of a transaction on `step`, or None."""
-        try:
-            data = self._backend.read_object(self._intent_path(step))
-        except FileNotFoundError:
-            return None
-        try:
-            return Intent.from_bytes(data)
-        except (ValueError, KeyError, TypeError):
-            log.warning("unreadable intent %s; treating it as stale", self._intent_path(step))
-            return Intent(step=step, txid="?", host="?", pid=-1, started=0.0)
-
-    def _release_intent(self, step: int, txid: str, committed: bool = False) -> None:
-        """Remove our own intent (best effort: gc removes what is left).
-
-        `committed`: the step has a COMMIT, so the intent is deleted without reading it first. Any other
-        transaction's intent there (one that took over ours as stale) belongs to a writer that cannot
-        commit any more (create-exclusive manifest/COMMIT; its claim re-check fails), so deleting it
-        unseen is harmless. Without a COMMIT the intent is read first: it may hold a live writer's claim."""
-        try:
-            if committed:
-                self.fs.rm_file(self._intent_path(step))
-                return
-            current = self.read_intent(step)
-            if current is not None and current.txid == txid:
-                self.fs.rm_file(self._intent_path(step))
-        except FileNotFoundError:
-            pass
-        except Exception:  # noqa: BLE001 - leftover intent is harmless; gc removes it
-            log.warning("could not remove intent of step %s (txid %s)", step, txid, exc_info=True)
-
-    def _check_still_owner(self, step: int, txid: str) -> None:
-        """Just before publishing: our intent must still be ours (not taken over by gc or another writer)."""
-        current = self.read_intent(step)
-        if current is None or current.txid != txid:
-            who = current.describe() if current else "nobody (intent removed, e.g. by gc)"
-            raise BundleExistsError(f"step {step} at {self.url}: txid {txid} lost its claim; now held by {who}")
-
-    def _has_commit(self, step: int) -> bool:
-        return bool(self.fs.exists(self._backend.path(step_dirname(step), COMMIT_NAME)))
-
-    def _claim(self, step: int, txid: str) -> None:
-        """Record the intent create-exclusively; take over a stale one once; else BundleExistsError."""
-        intent = Intent.new(step, txid)
-        for attempt in range(2):
-            try:
-                self._backend.create_exclusive(self._intent_path(step), intent.to_bytes())
-                return
-            except FileExistsError:
-                holder = self.read_intent(step)
-                if holder is None and attempt == 0:
-                    continue  # released between our write and read: try again
-                if self._has_commit(step):
-                    raise BundleExistsError(f"step {step} at {self.url} is already committed") from None
-                if holder is None or attempt == 1 or not holder.is_stale(self.stale_after):
-                    who = holder.describe() if holder else "another writer"
-                    raise BundleExistsError(f"step {step} at {self.url} is being written by {who}") from None
-                log.warning("taking over step %s at %s from dead transaction %s", step, self.url, holder.describe())
-                self._backend.discard(step_dirname(step), holder.txid)
-                self.fs.rm_file(self._intent_path(step))
-            except FileNotFoundError as exc:
-                raise StoreUnavailableError(f"store {self.url} unavailable: {exc}") from exc
-
     # --- writing ------------------------------------------------------------------------------
-    def begin(self, step: int) -> BundleTransaction:
-        """Start the save of `step`: intent recorded (claiming the step) before any data byte.
+    def begin(self, step: int, *, replace_corrupt: bool = False) -> BundleTransaction:
+        """Start the save of `step`: the intent is recorded (claiming the step) before any data byte.
 
-        COMMIT is checked once, after the claim (a writer may commit until we hold it; a check before
-        the claim would only save an intent PUT+DELETE when the step is already committed). On an
-        object store one LIST of the step answers "committed?" and finds a dead writer's leftovers."""
-        from .transaction import BundleTransaction
+        COMMIT is checked once, after the claim (a writer may commit until we hold it). With
+        `replace_corrupt`, a committed bundle of this step that fails verification is moved to
+        `_quarantine/` (kept for inspection) and the step is written anew; a valid one still refuses.
 
+        Returns:
+            The open transaction; use it as a context manager.
+        Raises:
+            BundleExistsError: the step is committed, or another live writer holds it.
+            StoreUnavailableError: the store cannot be reached or written.
+            UnsafeStoreError: the server ignores create-exclusive writes (see `allow_unsafe`).
+        """
         validate_step(step)
         self._ensure_writable()
         txid = uuid.uuid4().hex
+        step_dir = step_dirname(step)
         with unavailable_as_store_error(self.url, f"beginning step {step}"):
-            self._claim(step, txid)
+            taken = self.claims.claim(step, txid)
             committed = False
             try:
-                if self._backend.local:
-                    committed = self._has_commit(step)
-                    if not committed:
-                        os.makedirs(self._backend.data_root(step_dirname(step), txid), exist_ok=True)
-                else:
-                    leftovers = self._backend.list_step(step_dirname(step))
-                    committed = self._backend.path(step_dirname(step), COMMIT_NAME) in leftovers
-                    if leftovers and not committed:
-                        self.fs.rm(leftovers)  # a dead writer's partial prefix: we hold the claim
+                if taken is not None and taken.txid:
+                    self.backend.discard(step_dir, taken.txid)  # the dead writer's data; the claim is ours
+                committed = self.backend.prepare_step(step_dir, txid)
+                if committed and replace_corrupt and self._quarantine_if_corrupt(step, txid):
+                    committed = self.backend.prepare_step(step_dir, txid)
                 if committed:
                     raise BundleExistsError(f"step {step} at {self.url} is already committed")
             except BaseException:
-                self._release_intent(step, txid, committed=committed)
+                self.claims.release(step, txid, committed=committed)
                 raise
         log.info("began step %s (txid %s) at %s", step, txid, self.url)
-        return BundleTransaction(self, step, txid)
+        return BundleTransaction(self.backend, self.claims, self.url, step, txid, self.max_workers)
+
+    def _quarantine_if_corrupt(self, step: int, txid: str) -> bool:
+        """With the step claimed: verify its bundle fully; if it fails, move it aside. True if moved."""
+        try:
+            self.open(step).verify()
+            return False
+        except UncommittedBundleError:
+            return True  # its COMMIT went meanwhile: look again
+        except CorruptBundleError as exc:
+            where = self.backend.quarantine(step_dirname(step), f"{step_dirname(step)}-{txid}")
+            log.warning("step %s at %s is corrupt (%s); moved it to %s and writing the step anew", step, self.url, exc, where)
+            return True
 
     # --- reading ------------------------------------------------------------------------------
-    def _marker_names_manifest(self, step: int) -> bool:
-        """Invariant 1's cheap check: COMMIT parses and names the sha256 of the manifest beside it."""
-        marker_bytes, manifest_bytes = read_marker_and_manifest(self._backend, self._backend.path(step_dirname(step)))
-        if marker_bytes is None or manifest_bytes is None:
-            return False
-        try:
-            marker = CommitMarker.from_bytes(marker_bytes)
-        except (ValueError, KeyError):
-            return False
-        return marker.step == step and sha256_hex(manifest_bytes) == marker.manifest_sha256
-
     def steps(self) -> list[int]:
-        """Committed steps, ascending (COMMIT present and naming the manifest's digest)."""
+        """Committed steps, ascending (COMMIT present and naming the manifest's digest; file contents are
+        checked when read, and fully by `Bundle.verify`)."""
         self._check_reachable()
         with unavailable_as_store_error(self.url, "listing steps"):
-            inv = scan(self.fs, self.root)
-            return sorted(s for s in inv.steps if inv.committed_marker(s) and self._marker_names_manifest(s))
+            inv = self.backend.scan()
+            return [s for s in sorted(inv.steps) if inv.committed_marker(s) and self._passes(s)]
+
+    def _passes(self, step: int) -> bool:
+        try:
+            load_checked_manifest(self.backend, self.url, step, with_listing=False)
+        except (CorruptBundleError, UncommittedBundleError):
+            return False
+        return True
 
     def latest(self) -> int | None:
         """The newest committed step, or None when there is none."""
@@ -266,66 +203,74 @@ class BundleStore:
         return steps[-1] if steps else None
 
     def open(self, step: int) -> Bundle:
-        """A checked Bundle (marker -> manifest digest -> listing); Uncommitted/CorruptBundleError otherwise."""
+        """A checked Bundle (marker -> manifest digest -> listing).
+
+        Raises:
+            UncommittedBundleError: the step has no COMMIT (or does not exist).
+            CorruptBundleError: a check failed; the message names the file and what differs.
+        """
         validate_step(step)
         self._check_reachable()
         with unavailable_as_store_error(self.url, f"opening step {step}"):
-            return Bundle(self, load_checked_manifest(self, step))
+            return Bundle(self.backend, self.url, load_checked_manifest(self.backend, self.url, step), self.max_workers)
+
+    def read_intent(self, step: int) -> IntentRead | None:
+        """The intent holding `step` (possibly unreadable), or None."""
+        with unavailable_as_store_error(self.url, f"reading the intent of step {step}"):
+            return self.claims.read(step)
 
     def entries(self) -> list[StoreEntry]:
         """Every step-like thing in the store with its state, ascending by step."""
         self._check_reachable()
         with unavailable_as_store_error(self.url, "listing entries"):
-            inv = scan(self.fs, self.root)
-            intents = {i.step: i for i in (self.read_intent_at(p) for p in inv.intents) if i is not None}
-            out: list[StoreEntry] = []
-            for step in sorted(set(inv.steps) | set(intents)):
-                out.append(self._entry(step, inv.steps.get(step, {}), intents.get(step), inv))
-            return out
+            inv = self.backend.scan()
+            intents: dict[int, IntentRead] = {}
+            for path, mtime in inv.intents.items():
+                read = self.claims.read_at(path, mtime)
+                if read is not None and read.step is not None:
+                    intents[read.step] = read
+            irregular = inv.irregular_steps()
+            steps = set(inv.steps) | set(intents) | set(irregular)
+            return [self._entry(step, inv, intents.get(step), irregular.get(step)) for step in sorted(steps)]
 
-    def read_intent_at(self, path: str) -> Intent | None:
-        """Parse the intent stored at `path` (None if gone or unreadable)."""
-        try:
-            return Intent.from_bytes(self._backend.read_object(path))
-        except FileNotFoundError:
-            return None
-        except (ValueError, KeyError, TypeError):
-            return None
-
-    def _entry(self, step: int, files: dict[str, int], intent: Intent | None, inv: Any) -> StoreEntry:
-        path = self._backend.path(step_dirname(step))
-        if intent is not None and COMMIT_NAME not in files:
-            staged = inv.tmp_dirs.get(intent.txid, {}) if self._backend.local else files
-            size = sum(staged.values())
-            state = "stale" if intent.is_stale(self.stale_after) else "writing"
-            created = _iso(intent.started)
-            return StoreEntry(step, state, size, len(staged), created, intent.txid, intent.describe(), path)
+    def _entry(self, step: int, inv: Inventory, intent: IntentRead | None, irregular: str | None) -> StoreEntry:
+        path = self.backend.path(step_dirname(step))
+        files = inv.steps.get(step, {})
         data_files = {k: v for k, v in files.items() if k not in (COMMIT_NAME, MANIFEST_NAME)}
+        if intent is not None and COMMIT_NAME not in files:
+            staged = self.backend.staged_sizes(inv, step, intent.txid or "")
+            reason = self.claims.stale_reason(intent)
+            started = intent.intent.started if intent.intent else intent.mtime
+            created = None if started is None else _iso(started)
+            detail = intent.describe() + (f": {reason}" if reason else "")
+            state = "stale" if reason else "writing"
+            return StoreEntry(step, state, sum(staged.values()), len(staged), created, intent.txid, detail, path)
+        if irregular is not None:
+            return StoreEntry(step, "corrupt", sum(files.values()), len(data_files), None, None, f"step {step} at {self.url}: {irregular}", path)
         if COMMIT_NAME not in files:
             return StoreEntry(step, "uncommitted", sum(files.values()), len(data_files), None, None, "no COMMIT", path)
         try:
-            manifest = load_checked_manifest(self, step)
+            manifest = load_checked_manifest(self.backend, self.url, step)
         except (CorruptBundleError, UncommittedBundleError) as exc:
             return StoreEntry(step, "corrupt", sum(files.values()), len(data_files), None, None, str(exc), path)
-        return StoreEntry(
-            step, "committed", manifest.total_size, len(manifest.files), manifest.created, manifest.txid, "", path
-        )
+        return StoreEntry(step, "committed", manifest.total_size, len(manifest.files), manifest.created, manifest.txid, "", path)
 
     # --- maintenance --------------------------------------------------------------------------
     def gc(self, keep_last: int | None = None, dry_run: bool = False, stale_after: float | None = None) -> GcReport:
-        """Remove debris of dead transactions and (with keep_last) old committed bundles; see gc.py."""
-        from .gc import run_gc
+        """Remove debris of dead transactions and, with `keep_last`, committed bundles older than the
+        `keep_last` newest ones that fully verify. A dry run is the same plan, not applied.
 
+        Raises:
+            ValueError: `keep_last` is not an int >= 1.
+            StoreUnavailableError: the store cannot be reached.
+        """
         self._check_reachable()
+        collector = GarbageCollector(self.backend, self.claims, self.url, self.max_workers)
         with unavailable_as_store_error(self.url, "collecting garbage"):
-            return run_gc(self, keep_last=keep_last, dry_run=dry_run, stale_after=stale_after)
+            plan = collector.plan(keep_last, self.stale_after if stale_after is None else stale_after)
+            return collector.report(plan, dry_run=True) if dry_run else collector.apply(plan)
 
 
 def _iso(ts: float) -> str:
-    import time
-
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
-
-from .gc import GcReport  # noqa: E402  (re-export for the signature)
-from .transaction import BundleTransaction  # noqa: E402

@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
-from rlckpt.errors import InvalidPathError, TransactionStateError
+from rlckpt.errors import InvalidPathError, LostWriteError, TransactionStateError
 
+from .backends import Backend
+from .claims import Claims
 from .compression import DEFAULT_LEVEL, check_compression
 from .digest import HashingWriter
 from .manifest import CommitMarker, FileEntry, Manifest, canonical_json, sha256_hex
 from .paths import join_relpath, step_dirname, validate_relpath
-
-if TYPE_CHECKING:
-    from .store import BundleStore
+from .storage_errors import unavailable_as_store_error
 
 log = logging.getLogger(__name__)
 
@@ -25,17 +27,21 @@ COPY_CHUNK = 8 << 20
 
 
 class BundleTransaction:
-    """One save of one step. Leaving the `with` block without commit() (or with an exception) aborts."""
+    """One save of one step, holding the step's claim. Leaving the `with` block without commit() (or with
+    an exception) aborts."""
 
-    def __init__(self, store: BundleStore, step: int, txid: str) -> None:
-        self.store = store
+    def __init__(self, backend: Backend, claims: Claims, url: str, step: int, txid: str, max_workers: int) -> None:
+        self.backend = backend
+        self.claims = claims
+        self.url = url
         self.step = step
         self.txid = txid
+        self.max_workers = max_workers
         self._step_dir = step_dirname(step)
-        self._data_root = store._backend.data_root(self._step_dir, txid)
+        self._data_root = backend.data_root(self._step_dir, txid)
         self._files: dict[str, FileEntry] = {}
         self._open: dict[str, HashingWriter] = {}
-        self._copying: set[str] = set()  # local fast-path copies in flight
+        self._copying: set[str] = set()  # fast-path copies in flight
         self._lock = threading.Lock()
         self._state = "open"  # open -> committed | aborted
 
@@ -52,6 +58,19 @@ class BundleTransaction:
             if exc_type is None:
                 raise
             log.exception("abort of step %s (txid %s) failed after an error; gc will clean up", self.step, self.txid)
+
+    @contextlib.contextmanager
+    def _storage(self, what: str) -> Iterator[None]:
+        """Around every storage call: an unreachable store or a denied write becomes StoreUnavailableError,
+        and a file of ours vanishing (an upload aborted behind our back) becomes LostWriteError."""
+        try:
+            with unavailable_as_store_error(self.url, f"{what} of step {self.step}"):
+                yield
+        except FileNotFoundError as exc:
+            raise LostWriteError(
+                f"step {self.step} at {self.url}: {what}: {exc} (removed behind this transaction's back, "
+                "e.g. an upload aborted by gc); nothing will be committed"
+            ) from exc
 
     # --- writing ------------------------------------------------------------------------------
     @property
@@ -84,21 +103,22 @@ class BundleTransaction:
         with self._lock:
             self._check_open()
             self._reserve(relpath)
-            path = f"{self._data_root}/{relpath}"
-            raw = self.store._backend.open_write(path)
-            writer = HashingWriter(raw, relpath, self._on_close, compression=compression, level=level)
+            with self._storage(f"opening {relpath}"):
+                raw = self.backend.open_write(f"{self._data_root}/{relpath}")
+            writer = HashingWriter(raw, relpath, self._on_close, compression=compression, level=level, guard=self._storage)
             self._open[relpath] = writer
         return writer  # type: ignore[return-value]
 
     def _on_close(self, writer: HashingWriter, entry: FileEntry | None) -> None:
-        path = f"{self._data_root}/{writer.relpath}"
         with self._lock:
             self._open.pop(writer.relpath, None)
             live = self._state == "open"
-        self.store._backend.finish_write(writer.raw, path, ok=entry is not None and live)
-        if entry is not None and live:
+        keep = entry is not None and live
+        with self._storage(f"{'finishing' if keep else 'discarding'} {writer.relpath}"):
+            self.backend.finish_write(writer.raw, f"{self._data_root}/{writer.relpath}", ok=keep)
+        if keep:
             with self._lock:
-                self._files[writer.relpath] = entry
+                self._files[writer.relpath] = entry  # type: ignore[assignment]
 
     def write_bytes(self, relpath: str, data: bytes, compression: str | None = None) -> FileEntry:
         """Write a whole file from memory."""
@@ -107,36 +127,41 @@ class BundleTransaction:
         return self._files[relpath]
 
     def put_file(self, relpath: str, local_path: str | os.PathLike[str], compression: str | None = None) -> FileEntry:
-        """Copy a local file into the bundle, hashing while streaming (local store, no compression: a
-        kernel-side copy, then the staged copy is hashed)."""
-        if self.store._backend.local and compression is None:
-            return self._copy_in_local(relpath, os.fspath(local_path))
+        """Copy a local file into the bundle, hashing while streaming (or by the backend's faster route for
+        an uncompressed file, e.g. a kernel-side copy into a local staging dir)."""
+        local_path = os.fspath(local_path)
+        if not os.path.isfile(local_path):
+            raise FileNotFoundError(f"put_file source {local_path} is not a file")
+        if compression is None:
+            entry = self._copy_in(relpath, local_path)
+            if entry is not None:
+                return entry
         with open(local_path, "rb") as src, self.open(relpath, compression=compression) as dst:
             while chunk := src.read(COPY_CHUNK):
                 dst.write(chunk)
         return self._files[relpath]
 
-    def _copy_in_local(self, relpath: str, local_path: str) -> FileEntry:
+    def _copy_in(self, relpath: str, local_path: str) -> FileEntry | None:
         validate_relpath(relpath)
-        if not os.path.isfile(local_path):
-            raise FileNotFoundError(f"put_file source {local_path} is not a file")
         with self._lock:
             self._check_open()
             self._reserve(relpath)
             self._copying.add(relpath)
         path = f"{self._data_root}/{relpath}"
         try:
-            entry = self.store._backend.copy_in(local_path, path)  # type: ignore[attr-defined]
+            with self._storage(f"copying {relpath}"):
+                entry = self.backend.copy_in(local_path, path)
         except BaseException:
             with self._lock:
                 self._copying.discard(relpath)
-            if os.path.exists(path):
-                os.remove(path)
+            with contextlib.suppress(Exception):  # the abort's discard removes it otherwise
+                self.backend.remove_tree(path)
             raise
         with self._lock:
             self._copying.discard(relpath)
-            self._check_open()
-            self._files[relpath] = entry
+            if entry is not None:
+                self._check_open()
+                self._files[relpath] = entry
         return entry
 
     def put_dir(
@@ -158,7 +183,7 @@ class BundleTransaction:
                 full = os.path.join(dirpath, name)
                 rel = os.path.relpath(full, local_dir).replace(os.sep, "/")
                 jobs.append((join_relpath(relpath, rel), full))
-        workers = max_workers or self.store.max_workers
+        workers = max_workers or self.max_workers
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs) or 1))) as pool:
             futures = [pool.submit(self.put_file, rel, full, compression) for rel, full in jobs]
             results = [f.result() for f in futures]  # re-raises the first failure (others finish first)
@@ -166,7 +191,16 @@ class BundleTransaction:
 
     # --- ending -------------------------------------------------------------------------------
     def commit(self, metadata: dict[str, Any] | None = None) -> Manifest:
-        """Write manifest.json, then COMMIT (atomically visible); return the manifest."""
+        """Publish the bundle: claim re-checked, every written file seen in place with its size, then
+        manifest.json and COMMIT (atomically visible).
+
+        Returns:
+            The committed manifest.
+        Raises:
+            TransactionStateError: files are still open, or the transaction already ended.
+            BundleExistsError: the claim was lost, or another writer committed the step.
+            LostWriteError: a written file is missing, resized, or joined by a stranger: nothing committed.
+        """
         with self._lock:
             self._check_open()
             if self._open or self._copying:
@@ -185,8 +219,9 @@ class BundleTransaction:
         manifest_bytes = manifest.to_bytes()
         marker = CommitMarker(step=self.step, txid=self.txid, manifest_sha256=sha256_hex(manifest_bytes))
         try:
-            self.store._check_still_owner(self.step, self.txid)
-            self.store._backend.publish(self._step_dir, self.txid, manifest_bytes, marker.to_bytes())
+            with self._storage("committing"):
+                self.claims.assert_owner(self.step, self.txid)
+                self.backend.publish(self._step_dir, self.txid, manifest_bytes, marker.to_bytes(), files)
         except BaseException:
             try:
                 self.abort()
@@ -194,8 +229,8 @@ class BundleTransaction:
                 log.warning("abort after failed commit of step %s failed", self.step, exc_info=True)
             raise
         self._state = "committed"
-        self.store._release_intent(self.step, self.txid, committed=True)
-        log.info("committed step %s (%d files, txid %s) at %s", self.step, len(files), self.txid, self.store.url)
+        self.claims.release(self.step, self.txid, committed=True)
+        log.info("committed step %s (%d files, txid %s) at %s", self.step, len(files), self.txid, self.url)
         return manifest
 
     def abort(self) -> None:
@@ -212,6 +247,7 @@ class BundleTransaction:
                 writer.discard()
             except Exception:  # noqa: BLE001 - the discard below removes what it left
                 log.warning("discarding open file %s of step %s failed", writer.relpath, self.step, exc_info=True)
-        self.store._backend.discard(self._step_dir, self.txid)
-        self.store._release_intent(self.step, self.txid)
-        log.info("aborted step %s (txid %s) at %s", self.step, self.txid, self.store.url)
+        with unavailable_as_store_error(self.url, f"aborting step {self.step}"):
+            self.backend.discard(self._step_dir, self.txid)
+        self.claims.release(self.step, self.txid)
+        log.info("aborted step %s (txid %s) at %s", self.step, self.txid, self.url)

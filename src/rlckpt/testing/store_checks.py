@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import socket
+import time
 from typing import Any
 
-from rlckpt.store import BundleStore
-from rlckpt.store.paths import COMMIT_NAME, parse_step_dirname
+from rlckpt.store import BundleStore, BundleTransaction, Intent
+from rlckpt.store.paths import TXN_DIR, parse_step_dirname
 
 
 def all_paths(store: BundleStore) -> list[str]:
@@ -21,9 +24,7 @@ def all_paths(store: BundleStore) -> list[str]:
 
 def multipart_uploads(store: BundleStore) -> list[str]:
     """Keys of incomplete multipart uploads under the run (always [] off S3)."""
-    from rlckpt.store.gc import _multipart_uploads
-
-    return [key for key, _ in _multipart_uploads(store)]
+    return [key for key, _ in store.backend.incomplete_uploads()]
 
 
 def debris(store: BundleStore) -> list[str]:
@@ -34,12 +35,51 @@ def debris(store: BundleStore) -> list[str]:
         head = rel.split("/", 1)[0]
         if head not in committed or parse_step_dirname(head) is None:
             out.append(rel)
-    if store._backend.local:
+    if store.is_local:
         for name in os.listdir(store.root) if os.path.isdir(store.root) else []:
             if name not in committed and os.path.isdir(os.path.join(store.root, name)):
                 if not os.listdir(os.path.join(store.root, name)) and name.startswith("step_"):
                     out.append(name + "/")
     return out + [f"upload:{k}" for k in multipart_uploads(store)]
+
+
+def make_intent_foreign(store: BundleStore, step: int, age: float, host: str = "another-host") -> Intent:
+    """Rewrite the intent of `step` as if its writer ran on another host and started `age` seconds ago
+    (what a hung writer elsewhere looks like once its lease has run out); returns the new intent."""
+    current = store.claims.read(step)
+    assert current is not None and current.intent is not None, f"step {step} has no readable intent"
+    foreign = dataclasses.replace(current.intent, host=host, started=time.time() - age, pid_start=None)
+    store.backend.remove_file(store.claims.path(step))
+    store.backend.create_exclusive(store.claims.path(step), foreign.to_bytes())
+    return foreign
+
+
+NO_SUCH_PID = 2**22 + 1  # above Linux's largest pid_max: no process can have it
+
+
+def declare_writers_dead(store: BundleStore) -> list[str]:
+    """Rewrite every readable intent of the run as if its writer process on this host had exited (what a
+    crashed writer leaves); returns their txids."""
+    txids = []
+    for rel in sorted(store.backend.list_files(store.backend.path(TXN_DIR)).sizes):
+        read = store.claims.read_at(store.backend.path(TXN_DIR, rel))
+        if read is None or read.intent is None:
+            continue
+        dead = dataclasses.replace(read.intent, host=socket.gethostname(), pid=NO_SUCH_PID, pid_start=None)
+        store.backend.remove_file(read.path)
+        store.backend.create_exclusive(read.path, dead.to_bytes())
+        txids.append(dead.txid)
+    return txids
+
+
+def abandoned_transaction(store: BundleStore, step: int, files: dict[str, bytes] | None = None) -> BundleTransaction:
+    """A transaction left behind by a writer presumed dead: begun, some files written, never ended, and
+    its intent made to look like a writer on another host whose lease ran out long ago."""
+    txn = store.begin(step)
+    for rel, data in (files if files is not None else {"a": b"1" * 100}).items():
+        txn.write_bytes(rel, data)
+    make_intent_foreign(store, step, age=10 * 24 * 3600)
+    return txn
 
 
 def sample_payload(step: int) -> dict[str, bytes]:

@@ -1,0 +1,222 @@
+"""The storage primitives a backend provides. Everything else in the store is written against this
+interface and never asks which backend it runs on: a new object store is one subclass.
+
+Paths are full filesystem paths (`root/...`, no protocol); `root` is the run directory or prefix.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from rlckpt.errors import LostWriteError, OversizedObjectError
+
+from ..inventory import Inventory, ListedPath, group
+from ..manifest import FileEntry
+from ..paths import COMMIT_NAME, MANIFEST_NAME, RESERVED_NAMES
+
+
+@dataclass(frozen=True)
+class Listing:
+    """The files under one directory/prefix: relpath -> stored size, plus paths that are not regular files."""
+
+    sizes: dict[str, int]
+    irregular: dict[str, str]
+
+
+@dataclass(frozen=True)
+class CommitView:
+    """What a reader fetched to decide whether a step is visible: the bytes of COMMIT and manifest.json
+    (None when missing) and, when asked for, a listing of the step taken at about the same time."""
+
+    marker: bytes | None
+    manifest: bytes | None
+    listing: Listing | None = None
+    early: bool = False  # manifest/listing fetched beside COMMIT, not after it: may predate the commit
+
+
+class Backend(abc.ABC):
+    """One run location on one kind of storage."""
+
+    local: ClassVar[bool] = False  # atomic directory rename (True) or marker-last in place (False)
+
+    def __init__(self, fs: Any, root: str) -> None:
+        self.fs = fs
+        self.root = root
+
+    def path(self, *parts: str) -> str:
+        """A full path under the run root."""
+        return "/".join([self.root, *parts])
+
+    def rel(self, path: str) -> str:
+        """The run-relative form of a full path under the root."""
+        return path[len(self.root) + 1 :] if path.startswith(self.root + "/") else path
+
+    # --- the store as a whole -----------------------------------------------------------------
+    @abc.abstractmethod
+    def check_reachable(self, url: str) -> None:
+        """Raise StoreUnavailableError when the location cannot hold a run (no bucket, a file in the way)."""
+
+    @abc.abstractmethod
+    def create_exclusive_enforced(self) -> bool:
+        """Whether the storage refuses a second create-exclusive write of one path."""
+
+    @abc.abstractmethod
+    def list_run(self) -> Iterable[ListedPath]:
+        """Every path under the root, flat (one paginated LIST on object stores)."""
+
+    def scan(self) -> Inventory:
+        """The run's listing grouped by what each path belongs to."""
+        return group(self.list_run(), self.root)
+
+    # --- small objects --------------------------------------------------------------------------
+    @abc.abstractmethod
+    def read_capped(self, path: str, limit: int) -> bytes:
+        """Up to `limit + 1` bytes of an object (FileNotFoundError if missing; IrregularFileError if it is
+        not a regular file). Callers use `read_object`, which refuses the extra byte."""
+
+    def read_object(self, path: str, limit: int, what: str) -> bytes:
+        """A whole small object, refused with OversizedObjectError if larger than `limit` bytes: no object
+        in a run can make a reader allocate more than its cap."""
+        data = self.read_capped(path, limit)
+        if len(data) > limit:
+            raise OversizedObjectError(f"{path}: {what} is larger than its cap of {limit} bytes")
+        return data
+
+    @abc.abstractmethod
+    def create_exclusive(self, path: str, data: bytes) -> None:
+        """Write a small object whole, only if it does not exist (FileExistsError if it does). Readers never
+        see it partly written."""
+
+    @abc.abstractmethod
+    def exists(self, path: str) -> bool:
+        """Whether an object (or, locally, any directory entry, symlinks included) is at `path`."""
+
+    @abc.abstractmethod
+    def mtime(self, path: str) -> float | None:
+        """The object's modification time (unix seconds, the storage's clock); FileNotFoundError if missing."""
+
+    @abc.abstractmethod
+    def remove_file(self, path: str) -> None:
+        """Delete one object; FileNotFoundError if it is not there."""
+
+    @abc.abstractmethod
+    def remove_tree(self, path: str) -> None:
+        """Delete everything at and under `path` (a missing path is fine); never follows a symlink."""
+
+    # --- bundle files ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def list_files(self, path: str) -> Listing:
+        """The files under directory/prefix `path`, relative to it (empty when it does not exist)."""
+
+    @abc.abstractmethod
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of a stored file (fewer if it is shorter)."""
+
+    @abc.abstractmethod
+    def get_file(self, path: str, local_path: str) -> None:
+        """Copy a stored file to a local path as fast as the storage allows."""
+
+    def fetch_commit_view(
+        self, step_dir: str, marker_limit: int, manifest_limit: int, with_listing: bool, in_order: bool = True
+    ) -> CommitView:
+        """COMMIT, then manifest and (optionally) the step's listing. Object stores override this to fetch
+        all three in one round trip unless `in_order` is asked for."""
+        marker = self.read_or_none(self.path(step_dir, COMMIT_NAME), marker_limit, COMMIT_NAME)
+        if marker is None:
+            return CommitView(None, None)
+        manifest = self.read_or_none(self.path(step_dir, MANIFEST_NAME), manifest_limit, MANIFEST_NAME)
+        listing = self.list_files(self.path(step_dir)) if with_listing else None
+        return CommitView(marker, manifest, listing)
+
+    def read_or_none(self, path: str, limit: int, what: str) -> bytes | None:
+        """read_object, or None when the object does not exist."""
+        try:
+            return self.read_object(path, limit, what)
+        except FileNotFoundError:
+            return None
+
+    # --- writing a transaction ------------------------------------------------------------------
+    @abc.abstractmethod
+    def data_root(self, step_dir: str, txid: str) -> str:
+        """Where a transaction's files go: a staging dir (local) or the step prefix itself (object stores)."""
+
+    @abc.abstractmethod
+    def transaction_data(self, step_dir: str, txid: str | None) -> str | None:
+        """Where a (possibly dead) transaction's files are, or None when that cannot be known (an unreadable
+        intent names no txid, and a local staging dir is named by txid)."""
+
+    @abc.abstractmethod
+    def prepare_step(self, step_dir: str, txid: str) -> bool:
+        """Called once the step is claimed: True if it is already committed; otherwise make the data root
+        ready (remove a dead writer's leftovers, which the claim now makes ours)."""
+
+    def staged_sizes(self, inv: Inventory, step: int, txid: str) -> dict[str, int]:
+        """The files a running transaction has written so far, from a run inventory (for `ls`)."""
+        return dict(inv.steps.get(step, {}))
+
+    @abc.abstractmethod
+    def open_write(self, path: str) -> Any:
+        """A writable binary file that publishes nothing until finish_write(ok=True)."""
+
+    @abc.abstractmethod
+    def finish_write(self, raw: Any, path: str, ok: bool) -> None:
+        """Keep (ok) or discard the file opened by open_write."""
+
+    def copy_in(self, local_src: str, path: str) -> FileEntry | None:
+        """Copy an uncompressed local file into place by a route faster than streaming it, or return None
+        when the backend has none (the caller then streams it)."""
+        return None
+
+    def publish(self, step_dir: str, txid: str, manifest: bytes, commit: bytes, files: Mapping[str, FileEntry]) -> None:
+        """Make the transaction's files visible as a committed bundle; BundleExistsError if another writer won.
+
+        First the data root is listed and must hold exactly `files` with their stored sizes (LostWriteError
+        otherwise): COMMIT is never published over files the writer has not seen in place."""
+        self.check_written(self.data_root(step_dir, txid), files, step_dir)
+        self.make_visible(step_dir, txid, manifest, commit)
+
+    def check_written(self, data_root: str, files: Mapping[str, FileEntry], step_dir: str) -> None:
+        """The listing of `data_root` must be exactly `files` (no missing, resized, extra or irregular file)."""
+        listing = self.list_files(data_root)
+        where = f"{step_dir} (data at {data_root})"
+        if listing.irregular:
+            rel, kind = sorted(listing.irregular.items())[0]
+            raise LostWriteError(f"{where}: {rel} is a {kind}, not a file this transaction wrote; nothing committed")
+        for rel, entry in sorted(files.items()):
+            size = listing.sizes.get(rel)
+            if size is None:
+                raise LostWriteError(f"{where}: {rel} was written but is gone (removed by gc or another writer?); nothing committed")
+            if size != entry.size:
+                raise LostWriteError(f"{where}: {rel} has {size} bytes, this transaction wrote {entry.size}; nothing committed")
+        extra = sorted(rel for rel in listing.sizes if rel not in files and rel not in RESERVED_NAMES)
+        if extra:
+            raise LostWriteError(f"{where}: {extra[0]} was not written by this transaction (extra: {extra[:5]}); nothing committed")
+
+    @abc.abstractmethod
+    def make_visible(self, step_dir: str, txid: str, manifest: bytes, commit: bytes) -> None:
+        """Write manifest and COMMIT and make the bundle visible atomically (the commit primitive)."""
+
+    @abc.abstractmethod
+    def discard(self, step_dir: str, txid: str | None) -> None:
+        """Remove everything a transaction wrote (the caller holds the step's claim; nothing is committed)."""
+
+    @abc.abstractmethod
+    def delete_bundle(self, step_dir: str) -> None:
+        """Delete a committed bundle so that it turns invisible first (COMMIT gone) and then disappears."""
+
+    @abc.abstractmethod
+    def quarantine(self, step_dir: str, name: str) -> str:
+        """Move a committed bundle out of the step namespace to `_quarantine/<name>/` (invisible first);
+        return where it went. Used for corrupt bundles, which are kept for inspection, never deleted."""
+
+    # --- incomplete uploads (object stores that have them) ---------------------------------------
+    def incomplete_uploads(self) -> list[tuple[str, str]]:
+        """(key, upload id) of incomplete multipart uploads under the run; none on most backends."""
+        return []
+
+    def abort_upload(self, key: str, upload_id: str) -> None:
+        """Abort one incomplete multipart upload."""
+        raise NotImplementedError(f"{type(self).__name__} has no multipart uploads")

@@ -1,0 +1,206 @@
+"""Object stores (memory://, GCS, any fsspec filesystem without renames): files are written in place under
+`step_<N>/`, and COMMIT goes last as one small create-exclusive PUT. Exclusivity of the writer is
+decided earlier by the step's claim (claims.py)."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from fsspec.spec import AbstractBufferedFile
+
+from rlckpt.errors import BundleExistsError
+
+from ..inventory import FILE, ListedPath
+from ..paths import COMMIT_NAME, MANIFEST_NAME, PROBE_DIR, QUARANTINE_DIR
+from ..storage_errors import is_precondition_failed
+from .base import Backend, CommitView, Listing
+
+log = logging.getLogger(__name__)
+
+WRITE_BLOCK_SIZE = 16 << 20
+
+
+def _mtime(info: dict[str, Any]) -> float | None:
+    """Modification time (unix) from an fsspec info dict: `mtime`, `LastModified` (S3) or `created`."""
+    for key in ("mtime", "LastModified", "created"):
+        value = info.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+    return None
+
+
+class ObjectBackend(Backend):
+    """An fsspec object store: no rename, so the commit is COMMIT written last, create-exclusively."""
+
+    # --- the store as a whole -----------------------------------------------------------------
+    def check_reachable(self, url: str) -> None:
+        return None  # a generic filesystem has no container to check; the first request tells
+
+    def create_exclusive_enforced(self) -> bool:
+        """Write a fresh probe key twice with create-exclusive: enforced if the second write was refused."""
+        key = self.path(PROBE_DIR, uuid.uuid4().hex)
+        self.create_exclusive(key, b"probe-1")
+        try:
+            self.create_exclusive(key, b"probe-2")
+        except FileExistsError:
+            return True
+        finally:
+            try:
+                self.remove_file(key)
+            except FileNotFoundError:
+                pass
+        return False
+
+    def list_run(self) -> Iterator[ListedPath]:
+        return self._listed(self.root, self.root)
+
+    def _find(self, path: str) -> dict[str, dict[str, Any]]:
+        try:
+            return dict(self.fs.find(path, detail=True))
+        except FileNotFoundError:
+            return {}
+
+    def _listed(self, path: str, base: str) -> Iterator[ListedPath]:
+        for full, info in self._find(path).items():
+            if full.startswith(base + "/"):
+                yield ListedPath(full[len(base) + 1 :], FILE, int(info.get("size") or 0), _mtime(info))
+
+    # --- small objects ------------------------------------------------------------------------
+    def read_capped(self, path: str, limit: int) -> bytes:
+        return self.read_range(path, 0, limit + 1)
+
+    def create_exclusive(self, path: str, data: bytes) -> None:
+        try:
+            self.fs.pipe_file(path, data, mode="create")
+        except Exception as exc:
+            if is_precondition_failed(exc) and not isinstance(exc, FileExistsError):
+                raise FileExistsError(errno.EEXIST, f"{path} exists (precondition failed)") from exc
+            raise
+
+    def exists(self, path: str) -> bool:
+        return bool(self.fs.exists(path))
+
+    def mtime(self, path: str) -> float | None:
+        return _mtime(self.fs.info(path))
+
+    def remove_file(self, path: str) -> None:
+        self.fs.rm_file(path)
+
+    def remove_tree(self, path: str) -> None:
+        keys = list(self._find(path))
+        if keys:
+            self.fs.rm(keys)
+
+    # --- bundle files -------------------------------------------------------------------------
+    def list_files(self, path: str) -> Listing:
+        return Listing({item.rel: item.size for item in self._listed(path, path)}, {})
+
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        return bytes(self.fs.cat_file(path, start=start, end=end))
+
+    def get_file(self, path: str, local_path: str) -> None:
+        self.fs.get_file(path, local_path)
+
+    def fetch_commit_view(
+        self, step_dir: str, marker_limit: int, manifest_limit: int, with_listing: bool, in_order: bool = True
+    ) -> CommitView:
+        """COMMIT, manifest and listing in one round trip unless `in_order`. The early manifest and listing
+        may predate a commit finishing meanwhile; the commit check re-fetches them in order when they disagree."""
+        if in_order:
+            return super().fetch_commit_view(step_dir, marker_limit, manifest_limit, with_listing)
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            manifest = pool.submit(self.read_or_none, self.path(step_dir, MANIFEST_NAME), manifest_limit, MANIFEST_NAME)
+            listing = pool.submit(self.list_files, self.path(step_dir)) if with_listing else None
+            marker = self.read_or_none(self.path(step_dir, COMMIT_NAME), marker_limit, COMMIT_NAME)
+            early_manifest = manifest.result()
+            early_listing = listing.result() if listing is not None else None
+        if marker is None:
+            return CommitView(None, None)
+        return CommitView(marker, early_manifest, early_listing, early=True)
+
+    # --- writing a transaction ----------------------------------------------------------------
+    def data_root(self, step_dir: str, txid: str) -> str:
+        return self.path(step_dir)
+
+    def transaction_data(self, step_dir: str, txid: str | None) -> str | None:
+        return self.path(step_dir)
+
+    def prepare_step(self, step_dir: str, txid: str) -> bool:
+        """One LIST answers "committed?" and finds a dead writer's partial prefix, deleted under our claim."""
+        leftovers = list(self._find(self.path(step_dir)))
+        if self.path(step_dir, COMMIT_NAME) in leftovers:
+            return True
+        if leftovers:
+            log.warning("removing %d leftover objects of %s: no COMMIT, and this transaction holds the claim", len(leftovers), step_dir)
+            self.fs.rm(leftovers)
+        return False
+
+    def open_write(self, path: str) -> Any:
+        """Opened with autocommit=False, so that nothing but finish_write(ok=True) can publish it: fsspec's
+        `__del__` closes a file that is garbage-collected unfinished, which with autocommit would publish
+        the partial object (e.g. a writer dropped in a reference cycle, whose finalizers run in any order)."""
+        return self.fs.open(path, "wb", autocommit=False, block_size=WRITE_BLOCK_SIZE)
+
+    def finish_write(self, raw: Any, path: str, ok: bool) -> None:
+        """Success: publish in one step. Failure: discard (aborts a started multipart upload, drops the buffer).
+
+        On s3fs (any fsspec AbstractBufferedFile) autocommit is switched on just before close(): a file
+        smaller than one block then goes out as one PUT instead of a 3-request multipart upload, and a
+        larger one completes its multipart upload inside close(). With autocommit left off, s3fs would
+        make every file, even 1 KiB, a multipart upload and commit() it separately."""
+        if ok:
+            try:
+                if isinstance(raw, AbstractBufferedFile) and not raw.autocommit:
+                    raw.autocommit = True
+                    raw.close()
+                else:
+                    raw.close()
+                    raw.commit()
+                return
+            except BaseException:
+                self._discard_file(raw)
+                raise
+        self._discard_file(raw)
+
+    @staticmethod
+    def _discard_file(raw: Any) -> None:
+        try:
+            raw.discard()  # aborts a multipart upload, publishes nothing
+        finally:
+            raw.closed = True  # fsspec's __del__ would otherwise try to flush the discarded buffer
+
+    def make_visible(self, step_dir: str, txid: str, manifest: bytes, commit: bytes) -> None:
+        try:
+            self.create_exclusive(self.path(step_dir, MANIFEST_NAME), manifest)  # a loser cannot replace it
+            self.create_exclusive(self.path(step_dir, COMMIT_NAME), commit)
+        except FileExistsError as exc:
+            raise BundleExistsError(f"{self.path(step_dir)} already has a manifest/COMMIT: another writer won") from exc
+
+    def discard(self, step_dir: str, txid: str | None) -> None:
+        """Delete the step's objects unless it has a COMMIT (one LIST answers both)."""
+        keys = list(self._find(self.path(step_dir)))
+        if self.path(step_dir, COMMIT_NAME) in keys:
+            log.warning("not discarding %s: it has a COMMIT (written by another transaction)", self.path(step_dir))
+            return
+        if keys:
+            self.fs.rm(keys)
+
+    def delete_bundle(self, step_dir: str) -> None:
+        self.fs.rm_file(self.path(step_dir, COMMIT_NAME))  # invisible first
+        self.remove_tree(self.path(step_dir))
+
+    def quarantine(self, step_dir: str, name: str) -> str:
+        """Copy every object to `_quarantine/<name>/` (server-side where the store can), then delete the
+        bundle COMMIT first. A crash in between leaves the bundle in place and a partial copy gc leaves alone."""
+        source, target = self.path(step_dir), self.path(QUARANTINE_DIR, name)
+        for full in sorted(self._find(source)):
+            self.fs.copy(full, f"{target}/{full[len(source) + 1 :]}")
+        self.delete_bundle(step_dir)
+        return target
