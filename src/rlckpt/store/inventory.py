@@ -59,6 +59,8 @@ def group(listed: Iterable[ListedPath], root: str) -> Inventory:
             inv.irregular[item.rel] = item.kind
             if head == TMP_DIR and rest:  # keep the staging dir known (gc must not think it gone)
                 inv.tmp_dirs.setdefault(rest.split("/", 1)[0], {})
+            if head == TXN_DIR and rest and "/" not in rest and not rest.startswith("."):
+                inv.intents[f"{root}/{item.rel}"] = item.mtime  # an unreadable intent: it still holds its step
             continue
         step = parse_step_dirname(head)
         if step is not None:

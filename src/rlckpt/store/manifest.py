@@ -16,7 +16,7 @@ COMMIT_FORMAT = 1
 COMPRESSIONS = (None, "zstd")
 # Caps on what a reader will fetch of each metadata record: no object in a run can make it allocate more.
 COMMIT_MAX_BYTES = 64 << 10
-MANIFEST_MAX_BYTES = 64 << 20  # ~300k file entries
+MANIFEST_MAX_BYTES = 32 << 20  # ~150k file entries
 
 
 def canonical_json(obj: Any) -> bytes:

@@ -107,3 +107,55 @@ def save_sample(store: BundleStore, step: int, local_dir: Any = None, metadata: 
     return payload
 
 
+
+
+def raw_path(store: BundleStore, *parts: str) -> str:
+    """The full path of something under the run, to tamper with it behind the store's back."""
+    return "/".join([store.root, *parts])
+
+
+def corrupt_file(store: BundleStore, step: int, rel: str, how: str) -> None:
+    """Damage one file of a committed bundle, leaving COMMIT and manifest intact: "flip" (one bit, same
+    size: only a digest check sees it), "truncate" (one byte short) or "delete"."""
+    path = raw_path(store, f"step_{step}", rel)
+    if how == "delete":
+        store.fs.rm_file(path)
+        return
+    data = bytearray(store.fs.cat_file(path))
+    if how == "flip":
+        data[len(data) // 2] ^= 0x01
+    elif how == "truncate":
+        del data[-1]
+    else:
+        raise ValueError(f"unknown corruption {how!r}")
+    store.fs.pipe_file(path, bytes(data))
+
+
+def rewrite_manifest(store: BundleStore, step: int, manifest_bytes: bytes) -> None:
+    """Replace a bundle's manifest and re-sign its COMMIT to name it: what a writer that wrote these very
+    bytes would have committed (digests alone cannot tell it from a genuine bundle)."""
+    from rlckpt.store.manifest import CommitMarker, sha256_hex
+
+    marker = CommitMarker.from_bytes(store.fs.cat_file(raw_path(store, f"step_{step}", "COMMIT")))
+    store.fs.pipe_file(raw_path(store, f"step_{step}", "manifest.json"), manifest_bytes)
+    signed = CommitMarker(step=step, txid=marker.txid, manifest_sha256=sha256_hex(manifest_bytes))
+    store.fs.pipe_file(raw_path(store, f"step_{step}", "COMMIT"), signed.to_bytes())
+
+
+def forge_file(store: BundleStore, step: int, rel: str, stored: bytes, logical_size: int, compression: str | None) -> None:
+    """Put `stored` at `rel` in a committed bundle with a manifest entry that matches it exactly (size and
+    sha256), claiming `logical_size` and `compression`: a consistent bundle as a hostile writer makes it."""
+    import hashlib
+    import json
+
+    from rlckpt.store.manifest import canonical_json
+
+    obj = json.loads(store.fs.cat_file(raw_path(store, f"step_{step}", "manifest.json")))
+    obj["files"][rel] = {
+        "compression": compression,
+        "logical_size": logical_size,
+        "sha256": hashlib.sha256(stored).hexdigest(),
+        "size": len(stored),
+    }
+    store.fs.pipe_file(raw_path(store, f"step_{step}", rel), stored)
+    rewrite_manifest(store, step, canonical_json(obj))

@@ -104,11 +104,12 @@ class LocalBackend(Backend):
                 fd = nxt
             leaf = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
         except OSError as exc:
-            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-                raise FileNotFoundError(errno.ENOENT, f"{path} does not exist") from None
-            if exc.errno == errno.ELOOP:
-                raise IrregularFileError(f"{path} is (or lies under) a symlink; refusing to follow it") from None
-            raise
+            if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                raise
+            for depth in range(1, len(parts) + 1):  # which component stopped us: a symlink, or nothing there
+                if os.path.islink(os.path.join(self.root, *parts[:depth])):
+                    raise IrregularFileError(f"{path} is (or lies under) a symlink; refusing to follow it") from None
+            raise FileNotFoundError(errno.ENOENT, f"{path} does not exist") from None
         finally:
             os.close(fd)
         mode = os.fstat(leaf).st_mode
