@@ -114,6 +114,15 @@ def raw_path(store: BundleStore, *parts: str) -> str:
     return "/".join([store.root, *parts])
 
 
+def plant(store: BundleStore, rel: str, data: bytes) -> str:
+    """Write a file at run-relative `rel` behind the store's back (creating local directories); its path."""
+    path = raw_path(store, rel)
+    if store.is_local:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+    store.fs.pipe_file(path, data)
+    return path
+
+
 def corrupt_file(store: BundleStore, step: int, rel: str, how: str) -> None:
     """Damage one file of a committed bundle, leaving COMMIT and manifest intact: "flip" (one bit, same
     size: only a digest check sees it), "truncate" (one byte short) or "delete"."""
