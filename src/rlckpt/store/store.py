@@ -11,8 +11,6 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
-
 from rlckpt.errors import (
     BundleExistsError,
     CorruptBundleError,
@@ -25,6 +23,7 @@ from .backends import make_backend
 from .bundle import Bundle, load_checked_manifest, read_marker_and_manifest
 from .intent import DEFAULT_STALE_AFTER, Intent
 from .inventory import scan
+from .location import open_location
 from .manifest import CommitMarker, sha256_hex
 from .paths import COMMIT_NAME, MANIFEST_NAME, TXN_DIR, step_dirname, validate_step
 from .probe import create_exclusive_enforced
@@ -74,11 +73,10 @@ class BundleStore:
         self.allow_unsafe = allow_unsafe
         self.stale_after = stale_after
         self.max_workers = max_workers
-        with unavailable_as_store_error(self.url, "connecting"):
-            if fs is None:
-                fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
-            else:
-                root = fs._strip_protocol(self.url)
+        if fs is None:
+            fs, root = open_location(self.url, self.storage_options)  # StoreConfigError on any bad input
+        else:
+            root = fs._strip_protocol(self.url)
         self._backend = make_backend(fs, root.rstrip("/") or root)
         self._checked = False
         self._probed = False
