@@ -73,14 +73,15 @@ def report_record(report: Any) -> dict[str, Any]:
 def describe(record: dict[str, Any]) -> list[str]:
     """Human lines for a gc report: what went (or would go), then what was deliberately left alone."""
     verb = "would remove" if record["dry_run"] else "removed"
+    name = _common.printable  # paths, keys and txids come from the store
     lines = [f"{verb} committed step {step} (retention)" for step in record["deleted_steps"]]
-    lines += [f"{verb} {path}" for path in record["removed"]]
-    lines += [f"{verb} incomplete upload {key}" for key in record["aborted_uploads"]]
+    lines += [f"{verb} {name(path)}" for path in record["removed"]]
+    lines += [f"{verb} incomplete upload {name(key)}" for key in record["aborted_uploads"]]
     if len(lines) == 0:
         lines.append("nothing to remove")
     if record["kept_steps"]:
         lines.append("kept committed steps: " + ", ".join(str(s) for s in record["kept_steps"]))
-    lines += [f"left alone live transaction {txid}" for txid in record["live"]]
+    lines += [f"left alone live transaction {name(txid)}" for txid in record["live"]]
     lines += [f"left alone corrupt step {step} (has a COMMIT; inspect with rlckpt verify)" for step in record["corrupt_steps"]]
     return lines
 

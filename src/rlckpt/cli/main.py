@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except RlckptError as exc:
         log.debug("%s failed", args.command, exc_info=True)
-        print(f"rlckpt {args.command}: error: {exc}", file=sys.stderr)
+        print(f"rlckpt {args.command}: error: {_common.printable(exc)}", file=sys.stderr)
         return exit_code_for(exc)
     except KeyboardInterrupt:
         print(f"rlckpt {args.command}: interrupted", file=sys.stderr)

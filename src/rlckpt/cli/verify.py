@@ -116,7 +116,7 @@ def _steps_to_check(store: Any, args: argparse.Namespace) -> list[int]:
 def _describe(result: VerifyResult) -> str:
     if result.status == "valid":
         return f"step {result.step}: valid ({result.files} files, {_common.format_size(result.size)})"
-    return f"{result.status.upper()}: {result.error}"  # the store's message names step, URL and file
+    return f"{result.status.upper()}: {_common.printable(result.error)}"  # names step, URL and file
 
 
 def run(args: argparse.Namespace) -> int:
@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         _common.print_json({"url": args.url, "exit_code": code, "results": [asdict(r) for r in results]})
         return code
     if not results:
-        print(f"rlckpt verify: no committed bundle in {args.url}", file=sys.stderr)
+        print(f"rlckpt verify: no committed bundle in {_common.printable(args.url)}", file=sys.stderr)
     for result in results:
         print(_describe(result), file=sys.stdout if result.status == "valid" else sys.stderr)
     return code
