@@ -21,6 +21,12 @@ class StoreUnavailableError(StoreError):
     """The store URL cannot be reached (bad bucket, no server, no permission)."""
 
 
+class StoreConfigError(StoreError, ValueError):
+    """The store cannot be set up as given: empty or malformed URL, unknown protocol, missing filesystem
+    package, an endpoint that is not an http(s) URL, unknown or ill-typed storage options, no credentials.
+    Retrying does not help; the URL, the options or the environment must change."""
+
+
 class InvalidPathError(StoreError, ValueError):
     """A relative path inside a bundle is unsafe (``..``, absolute, backslash, empty)."""
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import fsspec
@@ -32,6 +32,7 @@ class Run:
 
     url: str
     storage_options: dict[str, Any] | None
+    raw_writes: list[str] = field(default_factory=list)
 
     def store(self) -> BundleStore:
         return BundleStore(self.url, storage_options=self.storage_options)
@@ -53,11 +54,30 @@ class Run:
         fs, root = fsspec.core.url_to_fs(self.url, **(self.storage_options or {}))
         return fs, "/".join([root.rstrip("/"), *parts])
 
+    def put_raw(self, data: bytes, *parts: str) -> None:
+        """Write `data` at a path under the run behind the store's back (parent directories created)."""
+        fs, path = self.raw_path(*parts)
+        fs.makedirs(fs._parent(path), exist_ok=True)
+        fs.pipe_file(path, data)
+        self.raw_writes.append(path)
+
+    def remove_raw_writes(self) -> None:
+        """Delete what put_raw wrote, one object at a time: moto fails the batch delete that the
+        bucket cleanup uses on keys with control characters (HTTP 500, retried for seconds)."""
+        fs, _root = self.raw_path()
+        for path in self.raw_writes:
+            try:
+                fs.rm_file(path)
+            except FileNotFoundError:
+                pass
+
 
 @pytest.fixture
-def run(store_location: tuple[str, dict[str, Any] | None]) -> Run:
+def run(store_location: tuple[str, dict[str, Any] | None]) -> Iterator[Run]:
     url, options = store_location
-    return Run(url, options)
+    location = Run(url, options)
+    yield location
+    location.remove_raw_writes()
 
 
 @pytest.fixture

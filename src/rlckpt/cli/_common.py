@@ -1,4 +1,5 @@
-"""Pieces every subcommand shares: store arguments, --storage-options parsing, logging, sizes, exit codes."""
+"""Pieces every subcommand shares: store arguments, --storage-options parsing, logging, sizes, exit codes,
+and `printable`, which every human-readable line goes through."""
 
 from __future__ import annotations
 
@@ -18,6 +19,31 @@ EXIT_MISSING = 2
 EXIT_ERROR = 3
 EXIT_USAGE = 64  # sysexits EX_USAGE: argparse's usual 2 would collide with verify's "uncommitted"
 EXIT_INTERRUPTED = 130
+
+
+def printable(text: object) -> str:
+    """`text` with every non-printable character escaped as Python writes it (`\\n`, `\\r`, `\\t`,
+    `\\x1b`, `\\x85`, `\\u202e`, `\\udcff` for an undecodable byte), printable text (any script) unchanged.
+
+    Names in a store (files, keys, txids, intent hosts) are anyone's bytes: printed raw, a newline
+    forges an output line and an ANSI escape drives the terminal. Every human-readable line that can
+    carry such a name goes through here; --json output is escaped by json.dumps and stays lossless.
+    A backslash is not escaped, so messages stay readable (a name may contain a literal `\\n`)."""
+    value = str(text)
+    if value.isprintable():
+        return value
+    return "".join(char if char.isprintable() else repr(char)[1:-1] for char in value)
+
+
+class _PrintableFormatter(logging.Formatter):
+    """Log lines on stderr: a store name in a message is escaped like the rest of our output; a
+    traceback (-vv) keeps its line breaks, but no line of it can carry a control character."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        return "\n".join(printable(line) for line in super().formatException(ei).split("\n"))
 
 
 class UsageExitParser(argparse.ArgumentParser):
@@ -60,15 +86,23 @@ def add_verbose_argument(parser: argparse.ArgumentParser) -> None:
 def configure_logging(verbosity: int) -> None:
     """Root logging to stderr: warnings by default, info with -v, debug with -vv (our loggers only)."""
     level = logging.WARNING if verbosity <= 0 else logging.INFO if verbosity == 1 else logging.DEBUG
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr, force=True)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_PrintableFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler], force=True)
     logging.getLogger("rlckpt").setLevel(level)
 
 
 def open_store(args: argparse.Namespace) -> BundleStore:
-    """The BundleStore named by the URL and --storage-options of a parsed command line."""
-    from rlckpt.store import BundleStore
+    """The BundleStore named by the URL and --storage-options of a parsed command line.
 
-    return BundleStore(args.url, storage_options=args.storage_options)
+    On S3 the CLI gives up sooner than a training run (`open_location(fail_fast=True)`: 3 attempts,
+    3 s connect timeout, unless the user set them): someone is waiting at a terminal, and a retry is
+    one command away."""
+    from rlckpt.store import BundleStore
+    from rlckpt.store.location import open_location
+
+    fs, _root = open_location(args.url, args.storage_options, fail_fast=True)
+    return BundleStore(args.url, storage_options=args.storage_options, fs=fs)
 
 
 def format_size(nbytes: int | None) -> str:
@@ -100,8 +134,10 @@ def format_time(value: Any) -> str:
 
 
 def render_table(headers: list[str], rows: list[list[str]], right_align: set[int] | None = None) -> str:
-    """A plain aligned text table (no dependency), numeric columns right-aligned."""
+    """A plain aligned text table (no dependency), numeric columns right-aligned, every cell printable."""
     right_align = right_align or set()
+    headers = [printable(h) for h in headers]
+    rows = [[printable(c) for c in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
 
     def line(cells: list[str]) -> str:

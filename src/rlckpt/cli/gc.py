@@ -73,15 +73,23 @@ def report_record(report: Any) -> dict[str, Any]:
 def describe(record: dict[str, Any]) -> list[str]:
     """Human lines for a gc report: what went (or would go), then what was deliberately left alone."""
     verb = "would remove" if record["dry_run"] else "removed"
+    name = _common.printable  # paths, keys and txids come from the store
     lines = [f"{verb} committed step {step} (retention)" for step in record["deleted_steps"]]
-    lines += [f"{verb} {path}" for path in record["removed"]]
-    lines += [f"{verb} incomplete upload {key}" for key in record["aborted_uploads"]]
+    lines += [f"{verb} {name(path)}" for path in record["removed"]]
+    lines += [f"{verb} incomplete upload {name(key)}" for key in record["aborted_uploads"]]
     if len(lines) == 0:
         lines.append("nothing to remove")
     if record["kept_steps"]:
         lines.append("kept committed steps: " + ", ".join(str(s) for s in record["kept_steps"]))
-    lines += [f"left alone live transaction {txid}" for txid in record["live"]]
-    lines += [f"left alone corrupt step {step} (has a COMMIT; inspect with rlckpt verify)" for step in record["corrupt_steps"]]
+    lines += [f"left alone live transaction {name(txid)}" for txid in record["live"]]
+    reasons = record.get("corrupt_reasons", {})
+    lines += [
+        f"left alone corrupt step {step} (has a COMMIT; {name(reasons.get(step, 'inspect with rlckpt verify'))})"
+        for step in record["corrupt_steps"]
+    ]
+    lines += [f"left alone quarantined bundle _quarantine/{name(q)}" for q in record.get("quarantined", [])]
+    lines += [f"left alone non-regular file {name(p)}" for p in record.get("irregular", [])]
+    lines += [f"skipped {name(s)}" for s in record.get("skipped", [])]
     return lines
 
 

@@ -43,7 +43,8 @@ def entry_record(entry: Any) -> dict[str, Any]:
 
 
 def render(records: list[dict[str, Any]]) -> str:
-    """The human table: one row per entry, ascending step."""
+    """The human table: one row per entry, ascending step; DETAIL says why an entry is corrupt or who
+    holds a transaction (render_table escapes the names in it)."""
     rows = [
         [
             str(r.get("step")),
@@ -51,10 +52,12 @@ def render(records: list[dict[str, Any]]) -> str:
             _common.format_size(r.get("size")),
             "-" if r.get("files") is None else str(r.get("files")),
             _common.format_time(r.get("created")),
+            str(r.get("detail") or ""),
         ]
         for r in records
     ]
-    return _common.render_table(["STEP", "STATE", "SIZE", "FILES", "CREATED (UTC)"], rows, right_align={0, 2, 3})
+    headers = ["STEP", "STATE", "SIZE", "FILES", "CREATED (UTC)", "DETAIL"]
+    return _common.render_table(headers, rows, right_align={0, 2, 3})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,5 +68,5 @@ def run(args: argparse.Namespace) -> int:
     elif records:
         print(render(records))
     else:
-        print(f"no bundles in {args.url}")
+        print(f"no bundles in {_common.printable(args.url)}")
     return _common.EXIT_OK

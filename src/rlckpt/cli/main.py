@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from rlckpt.cli import _common
-from rlckpt.errors import CorruptBundleError, RlckptError, UncommittedBundleError
+from rlckpt.errors import CorruptBundleError, RlckptError, StoreConfigError, UncommittedBundleError
 
 # One line per subcommand, in the order `rlckpt --help` lists them.
 SUBCOMMANDS: tuple[str, ...] = (
@@ -33,8 +33,9 @@ examples:
   rlckpt verify s3://bucket/run1 --step 200
   rlckpt gc /data/run1 --keep-last 3 --dry-run
 
-exit codes: 0 ok, 1 corrupt bundle, 2 uncommitted or missing bundle, 3 other error
-(store unreachable, bad input), 64 bad command line, 130 interrupted.
+exit codes: 0 ok, 1 corrupt bundle, 2 uncommitted or missing bundle, 3 other error (store
+unreachable or forbidden, bucket missing), 64 bad command line or store configuration (empty or
+malformed URL, unknown protocol, endpoint not an http(s) URL, unknown storage option), 130 interrupted.
 Run `rlckpt COMMAND --help` for the options of one command.
 """
 
@@ -71,7 +72,20 @@ def exit_code_for(exc: BaseException) -> int:
         return _common.EXIT_CORRUPT
     if isinstance(exc, UncommittedBundleError):
         return _common.EXIT_MISSING
+    if isinstance(exc, StoreConfigError):  # the URL or --storage-options must change: like a usage error
+        return _common.EXIT_USAGE
     return _common.EXIT_ERROR
+
+
+def unexpected_error(exc: Exception, args: argparse.Namespace) -> RlckptError | None:
+    """What an exception that is not ours amounts to for the command's store (unavailable, misconfigured),
+    or None when it is a plain bug."""
+    url = getattr(args, "url", None) or getattr(args, "run_dir", None)
+    if url is None:
+        return None
+    from rlckpt.store.storage_errors import as_store_error
+
+    return as_store_error(exc, url, f"running {args.command}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -83,13 +97,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except RlckptError as exc:
         log.debug("%s failed", args.command, exc_info=True)
-        print(f"rlckpt {args.command}: error: {exc}", file=sys.stderr)
+        print(f"rlckpt {args.command}: error: {_common.printable(exc)}", file=sys.stderr)
         return exit_code_for(exc)
     except KeyboardInterrupt:
         print(f"rlckpt {args.command}: interrupted", file=sys.stderr)
         return _common.EXIT_INTERRUPTED
     except BrokenPipeError:  # `rlckpt ls ... | head`
         return _common.EXIT_OK
+    except Exception as exc:  # not raised on purpose: still one line and a documented code, never Python's 1
+        log.debug("%s failed", args.command, exc_info=True)
+        ours = unexpected_error(exc, args)
+        if ours is not None:
+            print(f"rlckpt {args.command}: error: {_common.printable(ours)}", file=sys.stderr)
+            return exit_code_for(ours)
+        message = f"unexpected {type(exc).__name__}: {exc} (-vv logs the traceback)"
+        print(f"rlckpt {args.command}: error: {_common.printable(message)}", file=sys.stderr)
+        return _common.EXIT_ERROR
 
 
 if __name__ == "__main__":

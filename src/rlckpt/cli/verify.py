@@ -22,7 +22,7 @@ examples:
 
 exit codes: 0 every checked bundle is valid, 1 a bundle is corrupt (the message names the file
 and what differs), 2 the step is uncommitted or missing (or the store has no committed bundle),
-3 the store could not be read.
+3 the store could not be read, 64 bad command line or store configuration (URL, --storage-options).
 """
 
 
@@ -93,9 +93,14 @@ def _missing_or_uncommitted(store: Any, step: int) -> str:
 
 def verify_step(store: Any, step: int, progress: bool | None) -> VerifyResult:
     """Open and fully verify one step, turning the store's refusals into a verdict."""
+    from rlckpt.store.storage_errors import unavailable_as_store_error
+
     try:
         bundle = store.open(step)
-        _verify_bundle(bundle, step, progress)
+        # Bundle.verify reads every file outside the store's own error mapping: an outage or a
+        # permission error there must be "unavailable" (exit 3), never a traceback with exit 1.
+        with unavailable_as_store_error(store.url, f"verifying step {step}"):
+            _verify_bundle(bundle, step, progress)
     except CorruptBundleError as exc:
         return VerifyResult(step, "corrupt", error=str(exc))
     except UncommittedBundleError as exc:
@@ -116,7 +121,7 @@ def _steps_to_check(store: Any, args: argparse.Namespace) -> list[int]:
 def _describe(result: VerifyResult) -> str:
     if result.status == "valid":
         return f"step {result.step}: valid ({result.files} files, {_common.format_size(result.size)})"
-    return f"{result.status.upper()}: {result.error}"  # the store's message names step, URL and file
+    return f"{result.status.upper()}: {_common.printable(result.error)}"  # names step, URL and file
 
 
 def run(args: argparse.Namespace) -> int:
@@ -128,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         _common.print_json({"url": args.url, "exit_code": code, "results": [asdict(r) for r in results]})
         return code
     if not results:
-        print(f"rlckpt verify: no committed bundle in {args.url}", file=sys.stderr)
+        print(f"rlckpt verify: no committed bundle in {_common.printable(args.url)}", file=sys.stderr)
     for result in results:
         print(_describe(result), file=sys.stdout if result.status == "valid" else sys.stderr)
     return code

@@ -13,8 +13,6 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
-
 from rlckpt.errors import (
     BundleExistsError,
     CorruptBundleError,
@@ -29,6 +27,7 @@ from .commit_check import load_checked_manifest
 from .gc import GarbageCollector, GcReport
 from .intent import DEFAULT_STALE_AFTER
 from .inventory import Inventory
+from .location import open_location
 from .paths import COMMIT_NAME, MANIFEST_NAME, step_dirname, validate_step
 from .storage_errors import unavailable_as_store_error
 from .transaction import BundleTransaction
@@ -78,11 +77,10 @@ class BundleStore:
         self.allow_unsafe = allow_unsafe
         self.stale_after = stale_after
         self.max_workers = max_workers
-        with unavailable_as_store_error(self.url, "connecting"):
-            if fs is None:
-                fs, root = fsspec.core.url_to_fs(self.url, **self.storage_options)
-            else:
-                root = fs._strip_protocol(self.url)
+        if fs is None:
+            fs, root = open_location(self.url, self.storage_options)  # StoreConfigError on any bad input
+        else:
+            root = fs._strip_protocol(self.url)
         self.backend: Backend = make_backend(fs, root.rstrip("/") or root)
         self.claims = Claims(self.backend, self.url, stale_after)
         self._checked = False

@@ -105,7 +105,7 @@ class LocalBackend(Backend):
             leaf = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
         except OSError as exc:
             if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-                raise
+                raise type(exc)(exc.errno, exc.strerror, path) from None  # name the whole path, not the leaf
             for depth in range(1, len(parts) + 1):  # which component stopped us: a symlink, or nothing there
                 if os.path.islink(os.path.join(self.root, *parts[:depth])):
                     raise IrregularFileError(f"{path} is (or lies under) a symlink; refusing to follow it") from None
