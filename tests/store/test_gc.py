@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlckpt.store import BundleStore
-from rlckpt.testing.store_checks import abandoned_transaction, all_paths, debris, save_sample
+from rlckpt.testing.store_checks import abandoned_transaction, all_paths, debris, plant, save_sample
 
 
 @pytest.fixture
@@ -99,3 +99,14 @@ def test_corrupt_committed_bundle_is_reported_not_deleted(store):
     assert report.corrupt_steps == [1]
     assert report.deleted_steps == []
     assert store.fs.exists(f"{store.root}/step_1/manifest.json")
+
+
+def test_gc_removes_a_probe_key_a_crashed_probe_left_but_not_one_in_flight(store):
+    save_sample(store, 1)
+    plant(store, "_probe/0123abcd", b"probe-1")
+    report = store.gc()  # written a moment ago: a probe may be between its two PUTs
+    assert report.removed == []
+    assert "_probe/0123abcd" in all_paths(store)
+    report = store.gc(stale_after=0)
+    assert report.removed == [f"{store.root}/_probe/0123abcd"]
+    assert debris(store) == []

@@ -148,6 +148,9 @@ class GarbageCollector:
         """Newest first: the first `keep_last` bundles that fully verify are kept, everything older that passes
         the commit check is deleted; a bundle that fails is corrupt, kept and reported, never counted."""
         doomed: list[GcAction] = []
+        candidates = [step for step in inv.steps if inv.committed_marker(step)]
+        if keep_last is not None and len(candidates) <= keep_last:
+            keep_last = None  # nothing can be deleted: no bundle needs reading in full
         for step in sorted(inv.steps, reverse=True):
             if not inv.committed_marker(step):
                 continue
