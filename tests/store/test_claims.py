@@ -136,3 +136,19 @@ def test_intent_with_an_absurd_pid_is_unreadable_not_a_crash(store):
         store.begin(3)
     assert store.latest() == 1
     store.open(1).verify()
+
+
+def test_intent_naming_a_path_as_its_txid_cannot_make_gc_delete_outside_the_run(tmp_path):
+    store = BundleStore(str(tmp_path / "run"))
+    save_sample(store, 1)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("keep me")
+    hostile = canonical_json(
+        {"format": 1, "host": "elsewhere", "pid": 1, "pid_start": None, "started": 0.0, "step": 3, "txid": "../../victim"}
+    )
+    plant(store, "_txn/step_3.json", hostile)  # a dead writer's intent, if its txid were believed
+    report = store.gc(stale_after=0)
+    assert (victim / "precious.txt").read_text() == "keep me"
+    assert report.removed == [f"{store.root}/_txn/step_3.json"]
+    assert store.steps() == [1]

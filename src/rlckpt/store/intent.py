@@ -9,7 +9,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from .manifest import canonical_json, parse_canonical
-from .paths import validate_step
+from .paths import is_txid, validate_step
 
 INTENT_FORMAT = 1
 INTENT_MAX_BYTES = 64 << 10
@@ -54,8 +54,10 @@ class Intent:
             raise ValueError(f"intent has a bad start time: {started!r}")
         if pid_start is not None and (isinstance(pid_start, bool) or not isinstance(pid_start, int) or pid_start < 0):
             raise ValueError(f"intent has a bad pid_start: {pid_start!r}")
-        if not isinstance(obj.get("txid"), str) or not isinstance(obj.get("host"), str):
-            raise ValueError("intent has no txid or host")
+        if not is_txid(obj.get("txid")):
+            raise ValueError(f"intent has a bad txid: {obj.get('txid')!r}")
+        if not isinstance(obj.get("host"), str):
+            raise ValueError("intent has no host")
         return cls(
             step=validate_step(obj.get("step")),
             txid=obj["txid"],

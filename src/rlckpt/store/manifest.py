@@ -9,7 +9,7 @@ from typing import Any
 
 from rlckpt.errors import InvalidPathError
 
-from .paths import validate_relpath, validate_step
+from .paths import is_txid, validate_relpath, validate_step
 
 MANIFEST_FORMAT = 1
 COMMIT_FORMAT = 1
@@ -123,8 +123,8 @@ class Manifest:
         metadata = obj.get("metadata", {})
         if not isinstance(metadata, dict):
             raise ValueError("manifest 'metadata' is not an object")
-        if not isinstance(obj.get("txid"), str) or not isinstance(obj.get("created"), str):
-            raise ValueError("manifest 'txid'/'created' missing or not strings")
+        if not is_txid(obj.get("txid")) or not isinstance(obj.get("created"), str):
+            raise ValueError(f"manifest has a bad txid {obj.get('txid')!r} or no 'created' string")
         return cls(
             step=validate_step(obj.get("step")),
             txid=obj["txid"],
@@ -185,6 +185,6 @@ class CommitMarker:
         digest = obj.get("manifest_sha256")
         if not _is_sha256_hex(digest):
             raise ValueError(f"COMMIT has a bad manifest_sha256: {digest!r}")
-        if not isinstance(obj.get("txid"), str):
-            raise ValueError("COMMIT has no txid")
+        if not is_txid(obj.get("txid")):
+            raise ValueError(f"COMMIT has a bad txid: {obj.get('txid')!r}")
         return cls(step=validate_step(obj.get("step")), txid=obj["txid"], manifest_sha256=digest)

@@ -16,6 +16,13 @@ PROBE_DIR = "_probe"
 QUARANTINE_DIR = "_quarantine"  # corrupt bundles moved aside so their step can be saved again
 
 _STEP_RE = re.compile(r"step_(0|[1-9][0-9]*)")
+_TXID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def is_txid(value: object) -> bool:
+    """Whether `value` can be a transaction id: 1-64 of [A-Za-z0-9_-]. Txids name directories and keys
+    (a staging dir, a bundle's data prefix), so one read from a record must never be a path."""
+    return isinstance(value, str) and _TXID_RE.fullmatch(value) is not None
 
 
 def validate_step(step: object) -> int:
