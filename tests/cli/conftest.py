@@ -12,6 +12,7 @@ import pytest
 
 from rlckpt.cli.main import main
 from rlckpt.store import BundleStore
+from rlckpt.testing.store_checks import stored_path
 
 
 @dataclass
@@ -53,6 +54,11 @@ class Run:
         """(filesystem, path) of a path under the run, to tamper with it directly."""
         fs, root = fsspec.core.url_to_fs(self.url, **(self.storage_options or {}))
         return fs, "/".join([root.rstrip("/"), *parts])
+
+    def stored_path(self, step: int, rel: str) -> tuple[Any, str]:
+        """(filesystem, path) of the stored file `rel` of committed bundle `step`, to tamper with it."""
+        store = self.store()
+        return store.fs, stored_path(store, step, rel)
 
     def put_raw(self, data: bytes, *parts: str) -> None:
         """Write `data` at a path under the run behind the store's back (parent directories created)."""

@@ -20,7 +20,7 @@ def test_verify_without_step_checks_the_newest_committed_bundle(run, cli):
 
 def test_verify_of_a_flipped_byte_exits_1_and_names_the_file(run, cli):
     run.commit(2)
-    fs, path = run.raw_path("step_2", "policy", "weights.bin")
+    fs, path = run.stored_path(2, "policy/weights.bin")
     data = bytearray(fs.cat_file(path))
     data[1000] ^= 0x01
     fs.pipe_file(path, bytes(data))
@@ -31,7 +31,7 @@ def test_verify_of_a_flipped_byte_exits_1_and_names_the_file(run, cli):
 
 def test_verify_of_a_deleted_file_exits_1(run, cli):
     run.commit(2)
-    fs, path = run.raw_path("step_2", "loader.pt")
+    fs, path = run.stored_path(2, "loader.pt")
     fs.rm_file(path)
     result = cli("verify", run.url, "--step", "2", "--json", *run.options_args())
     assert result.code == 1

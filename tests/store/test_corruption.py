@@ -9,7 +9,7 @@ import pytest
 from rlckpt.errors import CorruptBundleError, UncommittedBundleError
 from rlckpt.store import BundleStore
 from rlckpt.store.manifest import CommitMarker, Manifest, canonical_json, sha256_hex
-from rlckpt.testing.store_checks import save_sample
+from rlckpt.testing.store_checks import save_sample, stored_path
 
 TARGET = "policy/weights.bin"
 
@@ -24,7 +24,7 @@ def store(store_location):
 
 
 def path(store, step, rel):
-    return f"{store.root}/step_{step}/{rel}"
+    return stored_path(store, step, rel)
 
 
 def read(store, step, rel):

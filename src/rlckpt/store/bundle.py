@@ -36,7 +36,8 @@ class Bundle:
         self.manifest = manifest
         self.step = manifest.step
         self.max_workers = max_workers
-        self._root = backend.path(step_dirname(manifest.step))
+        self._step_dir = step_dirname(manifest.step)
+        self._root = backend.bundle_root(self._step_dir, manifest.txid)
 
     def __repr__(self) -> str:
         return f"Bundle(step={self.step}, files={len(self.manifest.files)}, url={self.url!r})"
@@ -207,7 +208,8 @@ class Bundle:
         Raises:
             CorruptBundleError: naming the first bad file (and how many more there are).
         """
-        check_listing(self.manifest, self.backend.list_files(self._root), f"step {self.step} at {self.url}")
+        view = self.backend.bundle_view(self.backend.list_files(self.backend.path(self._step_dir)), self.manifest.txid)
+        check_listing(self.manifest, view, f"step {self.step} at {self.url}")
         lock = threading.Lock()
 
         def tick(n: int) -> None:

@@ -9,7 +9,7 @@ from rlckpt.errors import CorruptBundleError, InvalidPathError, UncommittedBundl
 
 from .backends import Backend, CommitView, Listing
 from .manifest import COMMIT_MAX_BYTES, MANIFEST_MAX_BYTES, CommitMarker, Manifest, sha256_hex
-from .paths import COMMIT_NAME, MANIFEST_NAME, RESERVED_NAMES, step_dirname
+from .paths import COMMIT_NAME, MANIFEST_NAME, step_dirname
 
 
 def load_checked_manifest(backend: Backend, url: str, step: int, with_listing: bool = True) -> Manifest:
@@ -62,12 +62,15 @@ def check_commit(backend: Backend, step: int, view: CommitView, where: str) -> M
             f"{COMMIT_NAME} for step {marker.step} txid {marker.txid}"
         )
     if view.listing is not None:
-        check_listing(manifest, view.listing, where)
+        check_listing(manifest, backend.bundle_view(view.listing, manifest.txid), where)
     return manifest
 
 
 def check_listing(manifest: Manifest, listing: Listing, where: str) -> None:
-    """Every manifest file is present, regular and of its stored size, and nothing else is in the bundle."""
+    """Every manifest file is present, regular and of its stored size, and nothing else is in the bundle
+    (`listing`: the bundle's view of its step, see Backend.bundle_view)."""
+    if listing.strangers:
+        raise CorruptBundleError(f"{where}: {listing.strangers[0]} is not part of the bundle (strangers: {list(listing.strangers[:10])})")
     if listing.irregular:
         rel, kind = sorted(listing.irregular.items())[0]
         raise CorruptBundleError(f"{where}: {rel or 'the step directory'} is a {kind}, not a regular file")
@@ -76,6 +79,6 @@ def check_listing(manifest: Manifest, listing: Listing, where: str) -> None:
             raise CorruptBundleError(f"{where}: {rel} is in the manifest but missing from the bundle")
         if listing.sizes[rel] != entry.size:
             raise CorruptBundleError(f"{where}: {rel} has {listing.sizes[rel]} bytes, the manifest says {entry.size}")
-    extra = sorted(rel for rel in listing.sizes if rel not in manifest.files and rel not in RESERVED_NAMES)
+    extra = sorted(rel for rel in listing.sizes if rel not in manifest.files)
     if extra:
         raise CorruptBundleError(f"{where}: {extra[0]} is not in the manifest (extra files: {extra[:10]})")

@@ -35,6 +35,7 @@ DELETE_BUNDLE = "delete_bundle"  # retention: an older bundle that verified
 DISCARD_TRANSACTION = "discard_transaction"  # a dead writer's data and intent
 REMOVE_INTENT = "remove_intent"  # an intent left beside a committed step, or one for no step at all
 REMOVE_ORPHAN_STEP = "remove_orphan_step"  # step data with no COMMIT and no intent
+REMOVE_FOREIGN_DATA = "remove_foreign_data"  # another transaction's data beside a bundle or a live writer
 REMOVE_STAGING = "remove_staging"  # a local staging dir no intent names
 REMOVE_LEFTOVER = "remove_leftover"  # an old probe key or intent temp file
 ABORT_UPLOAD = "abort_upload"  # an incomplete multipart upload of no live transaction
@@ -107,7 +108,11 @@ class GarbageCollector:
         live_steps = {read.step for read in live if read.step is not None}
         named_txids = {read.txid for read in intents if read.txid}
 
-        self._plan_retention(plan, inv, keep_last)
+        owners = self._plan_retention(plan, inv, keep_last)
+        owners.update({read.step: read.txid for read in live if read.step is not None and read.txid})
+        for step, owner in sorted(owners.items()):
+            for path in self.backend.foreign_data(inv, step, owner):
+                plan.actions.append(GcAction(REMOVE_FOREIGN_DATA, path, step=step, txid=path.rsplit("/", 1)[-1], reason=f"not of {owner}"))
         for read in intents:
             if read.path in stale:
                 self._plan_dead(plan, inv, read, stale[read.path])
@@ -144,9 +149,11 @@ class GarbageCollector:
     def _stale(self, read: IntentRead, stale_after: float) -> str | None:
         return self.claims.stale_reason(read, stale_after)
 
-    def _plan_retention(self, plan: GcPlan, inv: Inventory, keep_last: int | None) -> None:
+    def _plan_retention(self, plan: GcPlan, inv: Inventory, keep_last: int | None) -> dict[int, str]:
         """Newest first: the first `keep_last` bundles that fully verify are kept, everything older that passes
-        the commit check is deleted; a bundle that fails is corrupt, kept and reported, never counted."""
+        the commit check is deleted; a bundle that fails is corrupt, kept and reported, never counted.
+        Returns the txid of every kept bundle by step (their steps' other data is debris)."""
+        owners: dict[int, str] = {}
         doomed: list[GcAction] = []
         candidates = [step for step in inv.steps if inv.committed_marker(step)]
         if keep_last is not None and len(candidates) <= keep_last:
@@ -164,12 +171,14 @@ class GarbageCollector:
                 continue
             if keep_last is None or len(plan.kept_steps) < keep_last:
                 plan.kept_steps.append(step)
+                owners[step] = manifest.txid
             else:
                 doomed.append(GcAction(DELETE_BUNDLE, where, step=step, reason=f"older than the {keep_last} newest good bundles"))
         plan.actions.extend(reversed(doomed))  # oldest first
         for step, what in inv.irregular_steps().items():
             plan.corrupt.setdefault(step, f"step {step} at {self.url}: {what}")
         plan.kept_steps.sort()
+        return owners
 
     def _plan_dead(self, plan: GcPlan, inv: Inventory, read: IntentRead, reason: str) -> None:
         if read.step is None or inv.committed_marker(read.step):
@@ -279,6 +288,13 @@ class GarbageCollector:
             self.backend.remove_tree(action.target)
         finally:
             self.claims.release(action.step, held)  # type: ignore[arg-type]
+        return [action.target]
+
+    def _apply_remove_foreign_data(self, action: GcAction, plan: GcPlan) -> list[str] | str:
+        current = self.claims.read(action.step)  # type: ignore[arg-type]
+        if current is not None and current.txid == action.txid:
+            return "its transaction holds the step now"
+        self.backend.remove_tree(action.target)
         return [action.target]
 
     def _apply_remove_staging(self, action: GcAction, plan: GcPlan) -> list[str] | str:

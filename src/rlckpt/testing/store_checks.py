@@ -114,6 +114,18 @@ def raw_path(store: BundleStore, *parts: str) -> str:
     return "/".join([store.root, *parts])
 
 
+def stored_path(store: BundleStore, step: int, rel: str) -> str:
+    """Where the file `rel` of committed bundle `step` is stored (its manifest and COMMIT sit in the step
+    dir; data files under the bundle's root, which on object stores is per transaction)."""
+    from rlckpt.store.manifest import CommitMarker
+    from rlckpt.store.paths import RESERVED_NAMES
+
+    if rel in RESERVED_NAMES:
+        return raw_path(store, f"step_{step}", rel)
+    marker = CommitMarker.from_bytes(store.fs.cat_file(raw_path(store, f"step_{step}", "COMMIT")))
+    return f"{store.backend.bundle_root(f'step_{step}', marker.txid)}/{rel}"
+
+
 def plant(store: BundleStore, rel: str, data: bytes) -> str:
     """Write a file at run-relative `rel` behind the store's back (creating local directories); its path."""
     path = raw_path(store, rel)
@@ -126,7 +138,7 @@ def plant(store: BundleStore, rel: str, data: bytes) -> str:
 def corrupt_file(store: BundleStore, step: int, rel: str, how: str) -> None:
     """Damage one file of a committed bundle, leaving COMMIT and manifest intact: "flip" (one bit, same
     size: only a digest check sees it), "truncate" (one byte short) or "delete"."""
-    path = raw_path(store, f"step_{step}", rel)
+    path = stored_path(store, step, rel)
     if how == "delete":
         store.fs.rm_file(path)
         return
@@ -166,5 +178,5 @@ def forge_file(store: BundleStore, step: int, rel: str, stored: bytes, logical_s
         "sha256": hashlib.sha256(stored).hexdigest(),
         "size": len(stored),
     }
-    store.fs.pipe_file(raw_path(store, f"step_{step}", rel), stored)
+    store.fs.pipe_file(stored_path(store, step, rel), stored)
     rewrite_manifest(store, step, canonical_json(obj))

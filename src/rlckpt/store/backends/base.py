@@ -20,10 +20,12 @@ from ..paths import COMMIT_NAME, MANIFEST_NAME, RESERVED_NAMES
 
 @dataclass(frozen=True)
 class Listing:
-    """The files under one directory/prefix: relpath -> stored size, plus paths that are not regular files."""
+    """The files under one directory/prefix: relpath -> stored size, plus paths that are not regular files
+    and (in a bundle's view of its step) files that lie outside the bundle's data but where only it may write."""
 
     sizes: dict[str, int]
     irregular: dict[str, str]
+    strangers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,23 @@ class Backend(abc.ABC):
     # --- writing a transaction ------------------------------------------------------------------
     @abc.abstractmethod
     def data_root(self, step_dir: str, txid: str) -> str:
-        """Where a transaction's files go: a staging dir (local) or the step prefix itself (object stores)."""
+        """Where a transaction's files go while it runs: a staging dir (local) or its own prefix under the
+        step (object stores), so that nothing written under another txid can land among its files."""
+
+    @abc.abstractmethod
+    def bundle_root(self, step_dir: str, txid: str) -> str:
+        """Where the files of the bundle committed by `txid` are read from."""
+
+    @abc.abstractmethod
+    def bundle_view(self, step_listing: Listing, txid: str) -> Listing:
+        """From a listing of a whole step, the files of the bundle committed by `txid`, relative to its
+        bundle root, with whatever else an intact bundle cannot hold as strangers (manifest and COMMIT
+        excluded). Data of other transactions of the step (zombies, dead writers) is not the bundle's."""
+
+    def foreign_data(self, inv: Inventory, step: int, owner: str | None) -> list[str]:
+        """Paths of data in `step` that belong to no transaction but `owner` (debris for gc); none where
+        a step's directory only ever appears whole (local disk)."""
+        return []
 
     @abc.abstractmethod
     def transaction_data(self, step_dir: str, txid: str | None) -> str | None:

@@ -21,7 +21,7 @@ from rlckpt.errors import BundleExistsError, IrregularFileError, LostWriteError,
 from ..digest import sha256_of_stream
 from ..inventory import DIRECTORY, FILE, ListedPath
 from ..manifest import FileEntry
-from ..paths import COMMIT_NAME, MANIFEST_NAME, QUARANTINE_DIR, TMP_DIR
+from ..paths import COMMIT_NAME, MANIFEST_NAME, QUARANTINE_DIR, RESERVED_NAMES, TMP_DIR
 from .base import Backend, Inventory, Listing
 
 log = logging.getLogger(__name__)
@@ -197,6 +197,13 @@ class LocalBackend(Backend):
     # --- writing a transaction ----------------------------------------------------------------
     def data_root(self, step_dir: str, txid: str) -> str:
         return self.path(TMP_DIR, txid)
+
+    def bundle_root(self, step_dir: str, txid: str) -> str:
+        return self.path(step_dir)  # the staging dir was renamed into place
+
+    def bundle_view(self, step_listing: Listing, txid: str) -> Listing:
+        sizes = {rel: size for rel, size in step_listing.sizes.items() if rel not in RESERVED_NAMES}
+        return Listing(sizes, dict(step_listing.irregular))
 
     def transaction_data(self, step_dir: str, txid: str | None) -> str | None:
         return self.path(TMP_DIR, txid) if txid else None

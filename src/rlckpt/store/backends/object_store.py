@@ -15,8 +15,8 @@ from fsspec.spec import AbstractBufferedFile
 
 from rlckpt.errors import BundleExistsError
 
-from ..inventory import FILE, ListedPath
-from ..paths import COMMIT_NAME, MANIFEST_NAME, PROBE_DIR, QUARANTINE_DIR
+from ..inventory import FILE, Inventory, ListedPath
+from ..paths import COMMIT_NAME, MANIFEST_NAME, PROBE_DIR, QUARANTINE_DIR, RESERVED_NAMES, step_dirname
 from ..storage_errors import is_precondition_failed
 from .base import Backend, CommitView, Listing
 
@@ -127,10 +127,27 @@ class ObjectBackend(Backend):
 
     # --- writing a transaction ----------------------------------------------------------------
     def data_root(self, step_dir: str, txid: str) -> str:
-        return self.path(step_dir)
+        return self.path(step_dir, txid)
+
+    def bundle_root(self, step_dir: str, txid: str) -> str:
+        return self.path(step_dir, txid)
+
+    def bundle_view(self, step_listing: Listing, txid: str) -> Listing:
+        prefix = txid + "/"
+        sizes = {rel[len(prefix) :]: size for rel, size in step_listing.sizes.items() if rel.startswith(prefix)}
+        strangers = tuple(sorted(rel for rel in step_listing.sizes if "/" not in rel and rel not in RESERVED_NAMES))
+        return Listing(sizes, {}, strangers)
+
+    def staged_sizes(self, inv: Inventory, step: int, txid: str) -> dict[str, int]:
+        prefix = txid + "/"
+        return {rel[len(prefix) :]: size for rel, size in inv.steps.get(step, {}).items() if rel.startswith(prefix)}
+
+    def foreign_data(self, inv: Inventory, step: int, owner: str | None) -> list[str]:
+        heads = {rel.split("/", 1)[0] for rel in inv.steps.get(step, {}) if "/" in rel}
+        return [self.path(step_dirname(step), head) for head in sorted(heads) if head != owner]
 
     def transaction_data(self, step_dir: str, txid: str | None) -> str | None:
-        return self.path(step_dir)
+        return self.path(step_dir, txid) if txid else self.path(step_dir)
 
     def prepare_step(self, step_dir: str, txid: str) -> bool:
         """One LIST answers "committed?" and finds a dead writer's partial prefix, deleted under our claim."""
@@ -184,11 +201,11 @@ class ObjectBackend(Backend):
             raise BundleExistsError(f"{self.path(step_dir)} already has a manifest/COMMIT: another writer won") from exc
 
     def discard(self, step_dir: str, txid: str | None) -> None:
-        """Delete the step's objects unless it has a COMMIT (one LIST answers both)."""
+        """Delete the transaction's objects, and the rest of the step's too when it has no COMMIT (the
+        caller holds the step, so nothing else there is alive). One LIST answers both."""
         keys = list(self._find(self.path(step_dir)))
         if self.path(step_dir, COMMIT_NAME) in keys:
-            log.warning("not discarding %s: it has a COMMIT (written by another transaction)", self.path(step_dir))
-            return
+            keys = [k for k in keys if txid and k.startswith(self.path(step_dir, txid) + "/")]
         if keys:
             self.fs.rm(keys)
 
