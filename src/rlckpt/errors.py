@@ -55,6 +55,16 @@ class UnsafeStoreError(StoreError):
     """The server does not enforce create-exclusive writes, so exclusivity cannot be promised."""
 
 
+class ParticipantError(StoreError):
+    """A multi-participant commit was refused: a participant missing or duplicated, a receipt of another
+    transaction, or two participants claiming one path. Nothing is published."""
+
+
+class SharedStorageError(StoreError):
+    """A participant cannot see the transaction's staging dir: on local disk every participant must share
+    one filesystem (NFS, Lustre, ...); an object store needs nothing shared."""
+
+
 class LostWriteError(StoreError):
     """A file a transaction wrote is missing, resized or joined by a stranger before COMMIT: nothing is
     committed (gc or another writer touched what this transaction owns)."""

@@ -8,6 +8,7 @@ from .bundle import Bundle
 from .gc import GcReport
 from .intent import Intent
 from .manifest import CommitMarker, FileEntry, Manifest
+from .participant import ParticipantWriter, Receipt, TransactionHandle
 from .store import BundleStore, StoreEntry
 from .transaction import BundleTransaction
 
@@ -20,5 +21,8 @@ __all__ = [
     "GcReport",
     "Intent",
     "Manifest",
+    "ParticipantWriter",
+    "Receipt",
     "StoreEntry",
+    "TransactionHandle",
 ]

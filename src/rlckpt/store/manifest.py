@@ -118,7 +118,7 @@ class Manifest:
         files: dict[str, FileEntry] = {}
         for relpath, raw in files_obj.items():
             validate_relpath(relpath)
-            files[relpath] = _parse_entry(relpath, raw)
+            files[relpath] = parse_file_entry(relpath, raw)
         _check_no_file_dir_clash(files)
         metadata = obj.get("metadata", {})
         if not isinstance(metadata, dict):
@@ -134,7 +134,8 @@ class Manifest:
         )
 
 
-def _parse_entry(relpath: str, raw: Any) -> FileEntry:
+def parse_file_entry(relpath: str, raw: Any) -> FileEntry:
+    """A file entry from its JSON form; ValueError naming `relpath` on anything malformed."""
     if not isinstance(raw, dict):
         raise ValueError(f"manifest entry for {relpath!r} is not an object")
     size, digest, logical, comp = raw.get("size"), raw.get("sha256"), raw.get("logical_size"), raw.get("compression")

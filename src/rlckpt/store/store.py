@@ -16,6 +16,7 @@ from typing import Any
 from rlckpt.errors import (
     BundleExistsError,
     CorruptBundleError,
+    TransactionStateError,
     UncommittedBundleError,
     UnsafeStoreError,
 )
@@ -28,6 +29,7 @@ from .gc import GarbageCollector, GcReport
 from .intent import DEFAULT_STALE_AFTER
 from .inventory import Inventory
 from .location import open_location
+from .participant import ParticipantWriter, TransactionHandle, validate_participant
 from .paths import COMMIT_NAME, MANIFEST_NAME, step_dirname, validate_step
 from .storage_errors import unavailable_as_store_error
 from .transaction import BundleTransaction
@@ -165,7 +167,33 @@ class BundleStore:
                 self.claims.release(step, txid, committed=committed)
                 raise
         log.info("began step %s (txid %s) at %s", step, txid, self.url)
-        return BundleTransaction(self.backend, self.claims, self.url, step, txid, self.max_workers)
+        return BundleTransaction(self.backend, self.claims, self.url, step, txid, self.max_workers, self.storage_options)
+
+    @classmethod
+    def join(cls, handle: TransactionHandle, participant: str, **store_kwargs: Any) -> ParticipantWriter:
+        """Join a running transaction as `participant`, from any process on any node that can reach the
+        store: a new BundleStore for `handle.url` (see `participant` to reuse one).
+
+        Raises:
+            TransactionStateError: the transaction is not running (ended, or its step taken over).
+            SharedStorageError: local disk, and this node cannot see the transaction's staging dir.
+        """
+        return cls(handle.url, handle.storage_options, **store_kwargs).participant(handle, participant)
+
+    def participant(self, handle: TransactionHandle, participant: str) -> ParticipantWriter:
+        """Join a running transaction of this store as `participant` (see `join`)."""
+        validate_participant(participant)
+        validate_step(handle.step)
+        who = f"participant {participant}"
+        with unavailable_as_store_error(self.url, f"joining step {handle.step} as {who}"):
+            holder = self.claims.read(handle.step)
+            if holder is None or holder.txid != handle.txid:
+                held = holder.describe() if holder else "nobody: it ended"
+                raise TransactionStateError(
+                    f"{who} cannot join transaction {handle.txid} of step {handle.step} at {self.url}: it is not running (step held by {held})"
+                )
+            self.backend.check_joinable(step_dirname(handle.step), handle.txid, who)
+        return ParticipantWriter(self.backend, self.claims, self.url, handle, participant, self.max_workers)
 
     def _quarantine_if_corrupt(self, step: int, txid: str) -> bool:
         """With the step claimed: verify its bundle fully; if it fails, move it aside. True if moved."""

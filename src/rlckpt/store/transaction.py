@@ -1,51 +1,43 @@
-"""BundleTransaction: stream files into a step, then commit (manifest + COMMIT) or abort (remove everything)."""
+"""BundleTransaction: the coordinator of one save. It holds the step's claim, writes files of its own,
+hands a handle to participants (participant.py) and commits once for all, or aborts everything."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import threading
 import time
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, BinaryIO
+from collections.abc import Collection, Iterable
+from typing import Any
 
-from rlckpt.errors import InvalidPathError, LostWriteError, TransactionStateError
+from rlckpt.errors import ParticipantError, TransactionStateError
 
 from .backends import Backend
 from .claims import Claims
-from .compression import DEFAULT_LEVEL, check_compression
-from .digest import HashingWriter
+from .files import FileWriter
 from .manifest import CommitMarker, FileEntry, Manifest, canonical_json, sha256_hex
-from .paths import join_relpath, step_dirname, validate_relpath
+from .participant import Receipt, TransactionHandle
 from .storage_errors import unavailable_as_store_error
 
 log = logging.getLogger(__name__)
 
-COPY_CHUNK = 8 << 20
 
-
-class BundleTransaction:
+class BundleTransaction(FileWriter):
     """One save of one step, holding the step's claim. Leaving the `with` block without commit() (or with
     an exception) aborts."""
 
-    def __init__(self, backend: Backend, claims: Claims, url: str, step: int, txid: str, max_workers: int) -> None:
-        self.backend = backend
+    def __init__(
+        self,
+        backend: Backend,
+        claims: Claims,
+        url: str,
+        step: int,
+        txid: str,
+        max_workers: int,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(backend, url, step, txid, max_workers, who="transaction")
         self.claims = claims
-        self.url = url
-        self.step = step
-        self.txid = txid
-        self.max_workers = max_workers
-        self._step_dir = step_dirname(step)
-        self._data_root = backend.data_root(self._step_dir, txid)
-        self._files: dict[str, FileEntry] = {}
-        self._open: dict[str, HashingWriter] = {}
-        self._copying: set[str] = set()  # fast-path copies in flight
-        self._lock = threading.Lock()
-        self._state = "open"  # open -> committed | aborted
+        self.storage_options = dict(storage_options or {})
 
-    # --- context manager ----------------------------------------------------------------------
     def __enter__(self) -> BundleTransaction:
         return self
 
@@ -59,156 +51,44 @@ class BundleTransaction:
                 raise
             log.exception("abort of step %s (txid %s) failed after an error; gc will clean up", self.step, self.txid)
 
-    @contextlib.contextmanager
-    def _storage(self, what: str) -> Iterator[None]:
-        """Around every storage call: an unreachable store or a denied write becomes StoreUnavailableError,
-        and a file of ours vanishing (an upload aborted behind our back) becomes LostWriteError."""
-        try:
-            with unavailable_as_store_error(self.url, f"{what} of step {self.step}"):
-                yield
-        except FileNotFoundError as exc:
-            raise LostWriteError(
-                f"step {self.step} at {self.url}: {what}: {exc} (removed behind this transaction's back, "
-                "e.g. an upload aborted by gc); nothing will be committed"
-            ) from exc
-
-    # --- writing ------------------------------------------------------------------------------
-    @property
-    def files(self) -> dict[str, FileEntry]:
-        """Files written so far (relpath -> entry)."""
-        with self._lock:
-            return dict(self._files)
-
-    def _check_open(self) -> None:
-        if self._state != "open":
-            raise TransactionStateError(f"transaction {self.txid} of step {self.step} is already {self._state}")
-
-    def _reserve(self, relpath: str) -> None:
-        """Refuse duplicates and file/directory clashes before any byte of `relpath` is written."""
-        taken = set(self._files) | set(self._open) | self._copying
-        if relpath in taken:
-            raise InvalidPathError(f"{relpath!r} was already written in step {self.step}")
-        parts = relpath.split("/")
-        for i in range(1, len(parts)):
-            if "/".join(parts[:i]) in taken:
-                raise InvalidPathError(f"{relpath!r} lies under {'/'.join(parts[:i])!r}, a file of step {self.step}")
-        prefix = relpath + "/"
-        if any(other.startswith(prefix) for other in taken):
-            raise InvalidPathError(f"{relpath!r} is a directory of other files in step {self.step}")
-
-    def open(self, relpath: str, compression: str | None = None, level: int = DEFAULT_LEVEL) -> BinaryIO:
-        """A writable binary stream for `relpath`; digest computed while streaming. Close it to keep the file."""
-        validate_relpath(relpath)
-        check_compression(compression)
-        with self._lock:
-            self._check_open()
-            self._reserve(relpath)
-            with self._storage(f"opening {relpath}"):
-                raw = self.backend.open_write(f"{self._data_root}/{relpath}")
-            writer = HashingWriter(raw, relpath, self._on_close, compression=compression, level=level, guard=self._storage)
-            self._open[relpath] = writer
-        return writer  # type: ignore[return-value]
-
-    def _on_close(self, writer: HashingWriter, entry: FileEntry | None) -> None:
-        with self._lock:
-            self._open.pop(writer.relpath, None)
-            live = self._state == "open"
-        keep = entry is not None and live
-        with self._storage(f"{'finishing' if keep else 'discarding'} {writer.relpath}"):
-            self.backend.finish_write(writer.raw, f"{self._data_root}/{writer.relpath}", ok=keep)
-        if keep:
-            with self._lock:
-                self._files[writer.relpath] = entry  # type: ignore[assignment]
-
-    def write_bytes(self, relpath: str, data: bytes, compression: str | None = None) -> FileEntry:
-        """Write a whole file from memory."""
-        with self.open(relpath, compression=compression) as stream:
-            stream.write(data)
-        return self._files[relpath]
-
-    def put_file(self, relpath: str, local_path: str | os.PathLike[str], compression: str | None = None) -> FileEntry:
-        """Copy a local file into the bundle, hashing while streaming (or by the backend's faster route for
-        an uncompressed file, e.g. a kernel-side copy into a local staging dir)."""
-        local_path = os.fspath(local_path)
-        if not os.path.isfile(local_path):
-            raise FileNotFoundError(f"put_file source {local_path} is not a file")
-        if compression is None:
-            entry = self._copy_in(relpath, local_path)
-            if entry is not None:
-                return entry
-        with open(local_path, "rb") as src, self.open(relpath, compression=compression) as dst:
-            while chunk := src.read(COPY_CHUNK):
-                dst.write(chunk)
-        return self._files[relpath]
-
-    def _copy_in(self, relpath: str, local_path: str) -> FileEntry | None:
-        validate_relpath(relpath)
-        with self._lock:
-            self._check_open()
-            self._reserve(relpath)
-            self._copying.add(relpath)
-        path = f"{self._data_root}/{relpath}"
-        try:
-            with self._storage(f"copying {relpath}"):
-                entry = self.backend.copy_in(local_path, path)
-        except BaseException:
-            with self._lock:
-                self._copying.discard(relpath)
-            with contextlib.suppress(Exception):  # the abort's discard removes it otherwise
-                self.backend.remove_tree(path)
-            raise
-        with self._lock:
-            self._copying.discard(relpath)
-            if entry is not None:
-                self._check_open()
-                self._files[relpath] = entry
-        return entry
-
-    def put_dir(
-        self,
-        relpath: str,
-        local_dir: str | os.PathLike[str],
-        compression: str | None = None,
-        max_workers: int | None = None,
-    ) -> dict[str, FileEntry]:
-        """Copy every file under `local_dir` to `relpath/...` ('' = bundle root), many files in parallel."""
-        if relpath:
-            validate_relpath(relpath)
-        local_dir = os.fspath(local_dir)
-        if not os.path.isdir(local_dir):
-            raise NotADirectoryError(f"put_dir source {local_dir} is not a directory")
-        jobs: list[tuple[str, str]] = []
-        for dirpath, _dirs, names in os.walk(local_dir):
-            for name in sorted(names):
-                full = os.path.join(dirpath, name)
-                rel = os.path.relpath(full, local_dir).replace(os.sep, "/")
-                jobs.append((join_relpath(relpath, rel), full))
-        workers = max_workers or self.max_workers
-        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs) or 1))) as pool:
-            futures = [pool.submit(self.put_file, rel, full, compression) for rel, full in jobs]
-            results = [f.result() for f in futures]  # re-raises the first failure (others finish first)
-        return {rel: entry for (rel, _full), entry in zip(jobs, results, strict=True)}
+    def handle(self) -> TransactionHandle:
+        """What a participant process needs to join this transaction (`BundleStore.join`): plain data."""
+        self._check_open()
+        return TransactionHandle(url=self.url, storage_options=dict(self.storage_options), step=self.step, txid=self.txid)
 
     # --- ending -------------------------------------------------------------------------------
-    def commit(self, metadata: dict[str, Any] | None = None) -> Manifest:
-        """Publish the bundle: claim re-checked, every written file seen in place with its size, then
-        manifest.json and COMMIT (atomically visible).
+    def commit(
+        self,
+        metadata: dict[str, Any] | None = None,
+        *,
+        receipts: Iterable[Receipt] = (),
+        participants: Collection[str] | None = None,
+    ) -> Manifest:
+        """Publish the bundle: the coordinator's files and every participant's, as one manifest and COMMIT.
 
+        The claim is re-checked, every file is seen in place with its size, then manifest.json and COMMIT
+        go out (atomically visible). Any refusal aborts the whole transaction: nothing is published.
+
+        Args:
+            metadata: JSON-able user metadata for the manifest.
+            receipts: what each participant sealed.
+            participants: the participants expected, each exactly once (None: whoever sent a receipt).
         Returns:
             The committed manifest.
         Raises:
             TransactionStateError: files are still open, or the transaction already ended.
+            ParticipantError: a participant missing, duplicated or unexpected, a receipt of another
+                transaction, or a path written twice.
             BundleExistsError: the claim was lost, or another writer committed the step.
-            LostWriteError: a written file is missing, resized, or joined by a stranger: nothing committed.
+            LostWriteError: a written file is missing, resized, or joined by a stranger.
         """
-        with self._lock:
-            self._check_open()
-            if self._open or self._copying:
-                still = sorted(set(self._open) | self._copying)
-                raise TransactionStateError(f"step {self.step}: files still open at commit: {still}")
-            files = dict(self._files)
-        meta = dict(metadata or {})
-        canonical_json(meta)  # refuse non-JSON metadata before anything is published
+        try:
+            files = self._merge(self._finished_files(), list(receipts), participants)
+            meta = dict(metadata or {})
+            canonical_json(meta)  # refuse non-JSON metadata before anything is published
+        except (ParticipantError, TypeError, ValueError):
+            self.abort()
+            raise
         manifest = Manifest(
             step=self.step,
             txid=self.txid,
@@ -228,25 +108,49 @@ class BundleTransaction:
             except Exception:  # noqa: BLE001 - the publish error is the one to report; gc cleans up
                 log.warning("abort after failed commit of step %s failed", self.step, exc_info=True)
             raise
-        self._state = "committed"
+        self._stop("committed")
         self.claims.release(self.step, self.txid, committed=True)
         log.info("committed step %s (%d files, txid %s) at %s", self.step, len(files), self.txid, self.url)
         return manifest
 
+    def _merge(
+        self, own: dict[str, FileEntry], receipts: list[Receipt], participants: Collection[str] | None
+    ) -> dict[str, FileEntry]:
+        """The coordinator's files and the receipts' as one file set; ParticipantError on any disagreement."""
+        where = f"step {self.step} (txid {self.txid})"
+        names = [r.participant for r in receipts]
+        duplicated = sorted({n for n in names if names.count(n) > 1})
+        if duplicated:
+            raise ParticipantError(f"{where}: participant {duplicated[0]} sent more than one receipt; nothing committed")
+        if participants is not None:
+            missing, unexpected = sorted(set(participants) - set(names)), sorted(set(names) - set(participants))
+            if missing:
+                raise ParticipantError(f"{where}: no receipt from participant(s) {missing}; nothing committed")
+            if unexpected:
+                raise ParticipantError(f"{where}: receipt(s) from unexpected participant(s) {unexpected}; nothing committed")
+        owner = {rel: "the coordinator" for rel in own}
+        merged = dict(own)
+        for receipt in receipts:
+            if receipt.txid != self.txid:
+                raise ParticipantError(
+                    f"{where}: participant {receipt.participant} sent a receipt of transaction {receipt.txid}; nothing committed"
+                )
+            for rel, entry in receipt.files.items():
+                if rel in owner:
+                    raise ParticipantError(f"{where}: {rel} was written by {owner[rel]} and by participant {receipt.participant}; nothing committed")
+                owner[rel] = f"participant {receipt.participant}"
+                merged[rel] = entry
+        return merged
+
     def abort(self) -> None:
-        """Remove everything this transaction wrote and its intent. Idempotent; refused after commit."""
+        """Remove everything this transaction and its participants wrote, and its intent. Idempotent;
+        refused after commit."""
         with self._lock:
             if self._state == "committed":
                 raise TransactionStateError(f"step {self.step} (txid {self.txid}) is committed; cannot abort")
             if self._state == "aborted":
                 return
-            self._state = "aborted"
-            writers = list(self._open.values())
-        for writer in writers:
-            try:
-                writer.discard()
-            except Exception:  # noqa: BLE001 - the discard below removes what it left
-                log.warning("discarding open file %s of step %s failed", writer.relpath, self.step, exc_info=True)
+        self._discard_open(self._stop("aborted"))
         with unavailable_as_store_error(self.url, f"aborting step {self.step}"):
             self.backend.discard(self._step_dir, self.txid)
         self.claims.release(self.step, self.txid)

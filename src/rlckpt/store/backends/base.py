@@ -166,6 +166,11 @@ class Backend(abc.ABC):
         """Where a (possibly dead) transaction's files are, or None when that cannot be known (an unreadable
         intent names no txid, and a local staging dir is named by txid)."""
 
+    def check_joinable(self, step_dir: str, txid: str, who: str) -> None:
+        """Raise SharedStorageError if a participant here cannot write into the transaction's data root
+        (on object stores nothing needs to be shared)."""
+        return None
+
     @abc.abstractmethod
     def prepare_step(self, step_dir: str, txid: str) -> bool:
         """Called once the step is claimed: True if it is already committed; otherwise make the data root

@@ -11,12 +11,13 @@ import errno
 import logging
 import os
 import shutil
+import socket
 import stat
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from rlckpt.errors import BundleExistsError, IrregularFileError, LostWriteError, StoreUnavailableError
+from rlckpt.errors import BundleExistsError, IrregularFileError, LostWriteError, SharedStorageError, StoreUnavailableError
 
 from ..digest import sha256_of_stream
 from ..inventory import DIRECTORY, FILE, ListedPath
@@ -207,6 +208,15 @@ class LocalBackend(Backend):
 
     def transaction_data(self, step_dir: str, txid: str | None) -> str | None:
         return self.path(TMP_DIR, txid) if txid else None
+
+    def check_joinable(self, step_dir: str, txid: str, who: str) -> None:
+        staging = self.data_root(step_dir, txid)
+        if not os.path.isdir(staging):
+            raise SharedStorageError(
+                f"{who} on host {socket.gethostname()} cannot see the staging dir {staging} of {step_dir} (txid {txid}): "
+                "on local disk every participant must share the coordinator's filesystem (NFS, Lustre, ...); "
+                "use an object store (s3://...) when they do not"
+            )
 
     def prepare_step(self, step_dir: str, txid: str) -> bool:
         final = self.path(step_dir)

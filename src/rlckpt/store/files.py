@@ -1,0 +1,197 @@
+"""FileWriter: streams the files of one transaction into its data root, hashing (and compressing) as they
+go. The coordinator's BundleTransaction and every participant's ParticipantWriter are one each."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, BinaryIO
+
+from rlckpt.errors import InvalidPathError, LostWriteError, TransactionStateError
+
+from .backends import Backend
+from .compression import DEFAULT_LEVEL, check_compression
+from .digest import HashingWriter
+from .manifest import FileEntry
+from .paths import join_relpath, step_dirname, validate_relpath
+from .storage_errors import unavailable_as_store_error
+
+log = logging.getLogger(__name__)
+
+COPY_CHUNK = 8 << 20
+
+
+class FileWriter:
+    """Writes files into the data root of transaction `txid` of `step`; `who` names the writer in errors."""
+
+    def __init__(self, backend: Backend, url: str, step: int, txid: str, max_workers: int, who: str) -> None:
+        self.backend = backend
+        self.url = url
+        self.step = step
+        self.txid = txid
+        self.max_workers = max_workers
+        self.who = who
+        self._step_dir = step_dirname(step)
+        self._data_root = backend.data_root(self._step_dir, txid)
+        self._files: dict[str, FileEntry] = {}
+        self._open: dict[str, HashingWriter] = {}
+        self._copying: set[str] = set()  # fast-path copies in flight
+        self._lock = threading.Lock()
+        self._state = "open"
+
+    @contextlib.contextmanager
+    def _storage(self, what: str) -> Iterator[None]:
+        """Around every storage call: an unreachable store or a denied write becomes StoreUnavailableError,
+        and a file of ours vanishing (an upload aborted behind our back) becomes LostWriteError."""
+        try:
+            with unavailable_as_store_error(self.url, f"{what} of step {self.step}"):
+                yield
+        except FileNotFoundError as exc:
+            raise LostWriteError(
+                f"step {self.step} at {self.url}: {what}: {exc} (removed behind this {self.who}'s back, "
+                "e.g. an upload aborted by gc); nothing will be committed"
+            ) from exc
+
+    @property
+    def files(self) -> dict[str, FileEntry]:
+        """Files written so far (relpath -> entry)."""
+        with self._lock:
+            return dict(self._files)
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            raise TransactionStateError(f"{self.who} of step {self.step} (txid {self.txid}) is already {self._state}")
+
+    def _reserve(self, relpath: str) -> None:
+        """Refuse duplicates and file/directory clashes before any byte of `relpath` is written."""
+        taken = set(self._files) | set(self._open) | self._copying
+        if relpath in taken:
+            raise InvalidPathError(f"{relpath!r} was already written in step {self.step}")
+        parts = relpath.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in taken:
+                raise InvalidPathError(f"{relpath!r} lies under {'/'.join(parts[:i])!r}, a file of step {self.step}")
+        prefix = relpath + "/"
+        if any(other.startswith(prefix) for other in taken):
+            raise InvalidPathError(f"{relpath!r} is a directory of other files in step {self.step}")
+
+    # --- writing --------------------------------------------------------------------------------
+    def open(self, relpath: str, compression: str | None = None, level: int = DEFAULT_LEVEL) -> BinaryIO:
+        """A writable binary stream for `relpath`; digest computed while streaming. Close it to keep the file."""
+        validate_relpath(relpath)
+        check_compression(compression)
+        with self._lock:
+            self._check_open()
+            self._reserve(relpath)
+            with self._storage(f"opening {relpath}"):
+                raw = self.backend.open_write(f"{self._data_root}/{relpath}")
+            writer = HashingWriter(raw, relpath, self._on_close, compression=compression, level=level, guard=self._storage)
+            self._open[relpath] = writer
+        return writer  # type: ignore[return-value]
+
+    def _on_close(self, writer: HashingWriter, entry: FileEntry | None) -> None:
+        with self._lock:
+            self._open.pop(writer.relpath, None)
+            live = self._state == "open"
+        keep = entry is not None and live
+        with self._storage(f"{'finishing' if keep else 'discarding'} {writer.relpath}"):
+            self.backend.finish_write(writer.raw, f"{self._data_root}/{writer.relpath}", ok=keep)
+        if keep:
+            with self._lock:
+                self._files[writer.relpath] = entry  # type: ignore[assignment]
+
+    def write_bytes(self, relpath: str, data: bytes, compression: str | None = None) -> FileEntry:
+        """Write a whole file from memory."""
+        with self.open(relpath, compression=compression) as stream:
+            stream.write(data)
+        return self._files[relpath]
+
+    def put_file(self, relpath: str, local_path: str | os.PathLike[str], compression: str | None = None) -> FileEntry:
+        """Copy a local file in, hashing while streaming (or by the backend's faster route for an
+        uncompressed file, e.g. a kernel-side copy into a local staging dir)."""
+        local_path = os.fspath(local_path)
+        if not os.path.isfile(local_path):
+            raise FileNotFoundError(f"put_file source {local_path} is not a file")
+        if compression is None:
+            entry = self._copy_in(relpath, local_path)
+            if entry is not None:
+                return entry
+        with open(local_path, "rb") as src, self.open(relpath, compression=compression) as dst:
+            while chunk := src.read(COPY_CHUNK):
+                dst.write(chunk)
+        return self._files[relpath]
+
+    def _copy_in(self, relpath: str, local_path: str) -> FileEntry | None:
+        validate_relpath(relpath)
+        with self._lock:
+            self._check_open()
+            self._reserve(relpath)
+            self._copying.add(relpath)
+        path = f"{self._data_root}/{relpath}"
+        try:
+            with self._storage(f"copying {relpath}"):
+                entry = self.backend.copy_in(local_path, path)
+        except BaseException:
+            with self._lock:
+                self._copying.discard(relpath)
+            with contextlib.suppress(Exception):  # the abort's discard removes it otherwise
+                self.backend.remove_tree(path)
+            raise
+        with self._lock:
+            self._copying.discard(relpath)
+            if entry is not None:
+                self._check_open()
+                self._files[relpath] = entry
+        return entry
+
+    def put_dir(
+        self,
+        relpath: str,
+        local_dir: str | os.PathLike[str],
+        compression: str | None = None,
+        max_workers: int | None = None,
+    ) -> dict[str, FileEntry]:
+        """Copy every file under `local_dir` to `relpath/...` ('' = bundle root), many files in parallel."""
+        if relpath:
+            validate_relpath(relpath)
+        local_dir = os.fspath(local_dir)
+        if not os.path.isdir(local_dir):
+            raise NotADirectoryError(f"put_dir source {local_dir} is not a directory")
+        jobs: list[tuple[str, str]] = []
+        for dirpath, _dirs, names in os.walk(local_dir):
+            for name in sorted(names):
+                full = os.path.join(dirpath, name)
+                rel = os.path.relpath(full, local_dir).replace(os.sep, "/")
+                jobs.append((join_relpath(relpath, rel), full))
+        workers = max_workers or self.max_workers
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs) or 1))) as pool:
+            futures = [pool.submit(self.put_file, rel, full, compression) for rel, full in jobs]
+            results = [f.result() for f in futures]  # re-raises the first failure (others finish first)
+        return {rel: entry for (rel, _full), entry in zip(jobs, results, strict=True)}
+
+    # --- ending ---------------------------------------------------------------------------------
+    def _finished_files(self) -> dict[str, FileEntry]:
+        """The files written, once none is still being written."""
+        with self._lock:
+            self._check_open()
+            if self._open or self._copying:
+                still = sorted(set(self._open) | self._copying)
+                raise TransactionStateError(f"{self.who} of step {self.step}: files still open: {still}")
+            return dict(self._files)
+
+    def _stop(self, state: str) -> list[HashingWriter]:
+        """Move to `state` (no more writes); returns the writers still open, for the caller to discard."""
+        with self._lock:
+            self._state = state
+            return list(self._open.values())
+
+    def _discard_open(self, writers: list[HashingWriter]) -> None:
+        for writer in writers:
+            try:
+                writer.discard()
+            except Exception:  # noqa: BLE001 - what it left is removed with the transaction's data
+                log.warning("discarding open file %s of step %s failed", writer.relpath, self.step, exc_info=True)
