@@ -9,7 +9,12 @@ import pytest
 import torch
 
 from rlckpt.dataplane import InMemoryDataPlane
-from rlckpt.errors import DataPlaneError, InventoryMismatchError, ReplayError, ReplayStateError
+from rlckpt.errors import (
+    DataPlaneError,
+    InventoryMismatchError,
+    ReplayError,
+    ReplayStateError,
+)
 from rlckpt.replay import DataPlaneCheckpointBarrier, ReplayBuffer
 
 P = "rollouts"
@@ -95,13 +100,27 @@ def test_a_failed_commit_rolls_back_the_rows_and_keeps_the_reservation():
     run(main())
 
 
+class PausingAfterPutPlane(InMemoryDataPlane):
+    """Writes the rows, then waits (forever, unless cancelled): a cancellation lands after the write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = asyncio.Event()
+
+    async def put_samples(self, partition_id, keys, fields, tags=None):
+        await super().put_samples(partition_id, keys, fields, tags)
+        self.written.set()
+        await asyncio.Event().wait()
+
+
 def test_a_cancelled_commit_rolls_back_and_releases_the_barrier():
     async def main():
-        plane = InMemoryDataPlane(latency=0.05)
+        plane = PausingAfterPutPlane()
         buf = make(plane)
         gid = buf.reserve(0)
         task = asyncio.create_task(buf.commit(gid, group_rows(1), start_weight=0, end_weight=0))
-        await asyncio.sleep(0.01)
+        await plane.written.wait()
+        assert len(await plane.list_sample_ids(P)) == G  # the rows are in the data plane when it lands
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
