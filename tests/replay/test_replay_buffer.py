@@ -25,9 +25,13 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def make(plane=None, **kw) -> ReplayBuffer:
+def make(plane=None, *, partition_id=P, group_size=G, **kw) -> ReplayBuffer:
     return ReplayBuffer(
-        plane or InMemoryDataPlane(), DataPlaneCheckpointBarrier(), partition_id=P, group_size=G, **kw
+        plane or InMemoryDataPlane(),
+        DataPlaneCheckpointBarrier(),
+        partition_id=partition_id,
+        group_size=group_size,
+        **kw,
     )
 
 
@@ -261,16 +265,10 @@ def saved_buffer() -> tuple[ReplayBuffer, dict]:
     return run(main())
 
 
-def load_kwargs(state: dict, **over) -> dict:
-    kw = dict(expected_digest=state["digest"], expected_partition=P, expected_group_size=G, max_groups=None)
-    kw.update(over)
-    return kw
-
-
 def test_state_dict_round_trip_restores_groups_pending_reservations_and_digest():
     buf, state = saved_buffer()
     restored = make()
-    restored.load_state_dict(copy.deepcopy(state), **load_kwargs(state))
+    restored.load_state_dict(copy.deepcopy(state), expected_digest=state["digest"])
     assert restored.groups() == buf.groups()
     assert [g.target_step for g in restored.pending_groups()] == [1]
     assert restored.metadata_state_dict() == state
@@ -289,38 +287,38 @@ def test_digest_changes_when_any_group_field_changes():
     tampered = copy.deepcopy(state)
     tampered["groups"][0]["start_weight"] = 5
     with pytest.raises(ReplayStateError, match="recorded digest"):
-        make().load_state_dict(tampered, **load_kwargs(state))
+        make().load_state_dict(tampered, expected_digest=state["digest"])
 
 
 def test_load_refuses_an_unexpected_digest():
     _, state = saved_buffer()
     with pytest.raises(ReplayStateError, match="expected digest"):
-        make().load_state_dict(state, **load_kwargs(state, expected_digest="0" * 64))
+        make().load_state_dict(state, expected_digest="0" * 64)
 
 
 def test_load_refuses_another_partition():
     _, state = saved_buffer()
     with pytest.raises(ReplayStateError, match="partition"):
-        make().load_state_dict(state, **load_kwargs(state, expected_partition="other"))
+        make(partition_id="other").load_state_dict(state, expected_digest=state["digest"])
 
 
 def test_load_refuses_another_group_size():
     _, state = saved_buffer()
     with pytest.raises(ReplayStateError, match="group size"):
-        make().load_state_dict(state, **load_kwargs(state, expected_group_size=G + 1))
+        make(group_size=G + 1).load_state_dict(state, expected_digest=state["digest"])
 
 
 def test_load_refuses_more_groups_than_max_groups():
     _, state = saved_buffer()
     with pytest.raises(ReplayStateError, match="max_groups"):
-        make().load_state_dict(state, **load_kwargs(state, max_groups=2))
+        make(max_groups=2).load_state_dict(state, expected_digest=state["digest"])
 
 
 def test_load_refuses_another_schema_version():
     _, state = saved_buffer()
     state = dict(state, schema_version=99)
     with pytest.raises(ReplayStateError, match="schema"):
-        make().load_state_dict(state, **load_kwargs(state))
+        make().load_state_dict(state, expected_digest=state["digest"])
 
 
 def test_load_requires_an_empty_buffer():
@@ -328,13 +326,13 @@ def test_load_requires_an_empty_buffer():
     buf = make()
     buf.reserve(0)
     with pytest.raises(ReplayStateError, match="not empty"):
-        buf.load_state_dict(state, **load_kwargs(state))
+        buf.load_state_dict(state, expected_digest=state["digest"])
 
 
 def test_load_never_writes_to_the_data_plane():
     _, state = saved_buffer()
     plane = InMemoryDataPlane()
-    make(plane).load_state_dict(state, **load_kwargs(state))
+    make(plane).load_state_dict(state, expected_digest=state["digest"])
     assert not plane.touched and plane.store.is_empty()
 
 

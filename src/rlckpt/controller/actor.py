@@ -55,13 +55,7 @@ class SingleControllerActor:
     async def _load_index(self, replay: ReplayBuffer) -> None:
         restored = self.args.restored
         assert restored is not None
-        replay.load_state_dict(
-            restored.replay_state,
-            expected_digest=restored.index_digest,
-            expected_partition=self.args.config.partition_id,
-            expected_group_size=self.args.config.grpo.group_size,
-            max_groups=None,
-        )
+        replay.load_state_dict(restored.replay_state, expected_digest=restored.index_digest)
         if len(replay) != restored.group_count:
             raise ReplayStateError(
                 f"step {restored.step}: index holds {len(replay)} groups, the data-plane snapshot says "

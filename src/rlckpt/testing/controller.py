@@ -55,10 +55,7 @@ async def run_in_process(config: TrainConfig, run: InProcessRun | None = None) -
         partition_id=config.partition_id, group_size=config.grpo.group_size,
     )
     if restored is not None:
-        replay.load_state_dict(
-            restored.replay_state, expected_digest=restored.index_digest,
-            expected_partition=config.partition_id, expected_group_size=config.grpo.group_size, max_groups=None,
-        )
+        replay.load_state_dict(restored.replay_state, expected_digest=restored.index_digest)
         replay.validate_inventory(await data_plane.list_sample_ids(config.partition_id))
     run.loop = ControllerLoop(
         config, task=task, loader=loader, trainer=LocalTrainer(worker),
