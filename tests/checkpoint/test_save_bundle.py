@@ -50,7 +50,6 @@ async def _parts(url, options, policy=None, groups=3, pending=1):
         store=BundleStore(url, options),
         policy=policy or FakePolicy(),
         replay=replay,
-        data_plane=plane,
         capture_loader_state=lambda: {"position": 7},
         staging_root=None,
     )

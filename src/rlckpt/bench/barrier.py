@@ -143,7 +143,7 @@ def classify_commit_waits(
 async def run_point(
     replay: ReplayBuffer,
     barrier: TimedBarrier,
-    data_plane: DataPlaneClient,
+    timed: TimedDataPlane,
     pump: RolloutPump,
     *,
     config: BarrierConfig,
@@ -155,6 +155,9 @@ async def run_point(
 ) -> PointResult:
     """Pump rollouts, save ``config.saves`` times, and summarize what the commits waited.
 
+    ``replay`` indexes rows through ``timed`` and guards them with ``barrier``: the save reads the
+    listing and snapshot times from the one and the window from the other.
+
     The store is appended to ``keepalive`` so the caller can drop it after its event loop has
     ended: s3fs closing a filesystem that is garbage-collected while an asyncio loop runs in
     this thread schedules the close on the wrong loop and logs an error.
@@ -162,12 +165,10 @@ async def run_point(
     store = BundleStore(destination.run_url(f"barrier-{size_mib:g}MiB-{mode}"), destination.storage_options)
     if keepalive is not None:
         keepalive.append(store)
-    timed = TimedDataPlane(data_plane)
     parts = SaveParticipants(
         store=store,
         policy=policy,
         replay=replay,
-        data_plane=timed,  # type: ignore[arg-type]  # a pass-through proxy
         capture_loader_state=lambda: {"bench": True},
         run_mode="async",
         staging_root=config.staging_root,
@@ -244,7 +245,8 @@ async def run_size(
 ) -> list[PointResult]:
     """Fill an empty data plane to ``size_mib`` and run every destination × mode on it."""
     barrier = TimedBarrier()
-    replay = ReplayBuffer(data_plane, barrier, partition_id=PARTITION, group_size=config.shape.group_size)
+    timed = TimedDataPlane(data_plane)  # a pass-through proxy: times the save's listing and snapshot
+    replay = ReplayBuffer(timed, barrier, partition_id=PARTITION, group_size=config.shape.group_size)
     keep = config.shape.groups_for(size_mib)
     pump = RolloutPump(replay, config.shape, rate=config.commit_rate, keep_groups=keep)
     t = time.perf_counter()
@@ -255,7 +257,7 @@ async def run_size(
     for destination in destinations:
         for mode in config.modes:
             point = await run_point(
-                replay, barrier, data_plane, pump,
+                replay, barrier, timed, pump,
                 config=config, size_mib=size_mib, destination=destination, mode=mode, policy=policy,
                 keepalive=keepalive,
             )

@@ -101,7 +101,7 @@ class _Bench:
 
     async def rlckpt_save(self, store: BundleStore, step: int, result: SaveRestoreResult) -> None:
         parts = SaveParticipants(
-            store=store, policy=self.policy, replay=self.replay, data_plane=self.replay.data_plane,
+            store=store, policy=self.policy, replay=self.replay,
             capture_loader_state=lambda: {"bench": True}, run_mode="async",
             staging_root=self.config.staging_root, compress_data_plane=self.config.compress, keep_last=1,
         )

@@ -31,10 +31,9 @@ from typing import Any, Literal, Protocol
 
 from rlckpt.checkpoint import codec, layout
 from rlckpt.checkpoint.staging import staging_dir
-from rlckpt.dataplane.base import DataPlaneClient
+from rlckpt.dataplane.snapshot_metadata import update_snapshot_metadata
 from rlckpt.dataplane.threads import run_blocking
 from rlckpt.errors import CheckpointError
-from rlckpt.dataplane.snapshot_metadata import update_snapshot_metadata
 from rlckpt.replay import IndexCapture, ReplayBuffer
 from rlckpt.store import BundleStore, BundleTransaction
 from rlckpt.store.manifest import sha256_hex
@@ -56,8 +55,7 @@ class SaveParticipants:
 
     store: BundleStore
     policy: PolicyStateSource
-    replay: ReplayBuffer
-    data_plane: DataPlaneClient
+    replay: ReplayBuffer  # the data plane it indexes is the one snapshotted
     capture_loader_state: Callable[[], dict[str, Any]]
     run_mode: str = "in_order"
     staging_root: str | None = None
@@ -112,10 +110,11 @@ async def _write_and_commit(
             window_started = time.perf_counter()
             captured = parts.replay.capture_index()  # pointer copies; serialized after release
             loader_state = parts.capture_loader_state()  # same instant as the index: see module doc
+            data_plane = parts.replay.data_plane
             t = time.perf_counter()
             stored, _ = await asyncio.gather(  # both only read; nothing can write inside the window
-                parts.data_plane.list_sample_ids(parts.replay.partition_id),
-                parts.data_plane.save_checkpoint(snapshot_dir, metadata={"step": step, "mode": parts.run_mode}),
+                data_plane.list_sample_ids(parts.replay.partition_id),
+                data_plane.save_checkpoint(snapshot_dir, metadata={"step": step, "mode": parts.run_mode}),
             )
             snapshot_s = time.perf_counter() - t
             parts.replay.validate_inventory(stored)  # a mismatch aborts the save: nothing is committed
@@ -202,7 +201,7 @@ async def _abort(txn: BundleTransaction, step: int, cause: BaseException) -> Non
     logger.error("save of step %d failed (%s: %s); aborting, nothing is committed", step, type(cause).__name__, cause)
     try:
         await run_blocking(txn.abort)
-    except Exception:  # noqa: BLE001 - gc removes what an aborted writer could not
+    except Exception:  # logged, not raised: gc removes what an aborted writer could not
         logger.warning("abort of step %d failed; `rlckpt gc` will remove its debris", step, exc_info=True)
 
 
@@ -210,5 +209,5 @@ async def _retain(store: BundleStore, keep_last: int) -> None:
     """Retention after a successful commit; a failure here never un-commits the save."""
     try:
         await run_blocking(store.gc, keep_last=keep_last)
-    except Exception:  # noqa: BLE001
+    except Exception:  # logged, not raised: the save itself succeeded
         logger.warning("retention (keep_last=%d) failed; the new bundle is committed", keep_last, exc_info=True)

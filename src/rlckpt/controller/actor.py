@@ -41,7 +41,6 @@ class SingleControllerActor:
                 trainer=args.trainer,
                 generator=args.generator,
                 replay=replay,
-                data_plane=data_plane,
                 store=BundleStore(args.config.run_dir, args.config.storage_options),
                 state=args.loop_state,
                 resumed_from=args.restored.step if args.restored else None,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,9 +26,8 @@ import torch
 from rlckpt.checkpoint.save import SaveParticipants, SaveReport, save_bundle
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.handles import Generator, Trainer
-from rlckpt.dataplane.base import DataPlaneClient
 from rlckpt.errors import CheckpointError, LoaderStateError
-from rlckpt.grpo import DigitSumTask, Prompt, PromptLoader, TrainBatch, grouped_advantages
+from rlckpt.grpo import DigitSumTask, PromptLoader, TrainBatch, grouped_advantages
 from rlckpt.replay import ReplayBuffer
 from rlckpt.store import BundleStore
 
@@ -100,7 +98,6 @@ class ControllerLoop:
         trainer: Trainer,
         generator: Generator,
         replay: ReplayBuffer,
-        data_plane: DataPlaneClient,
         store: BundleStore,
         state: LoopState,
         resumed_from: int | None = None,
@@ -112,7 +109,6 @@ class ControllerLoop:
         self.trainer = trainer
         self.generator = generator
         self.replay = replay
-        self.data_plane = data_plane
         self.store = store
         self.state = state
         self.resumed_from = resumed_from
@@ -126,7 +122,6 @@ class ControllerLoop:
             store=store,
             policy=trainer,
             replay=replay,
-            data_plane=data_plane,
             capture_loader_state=lambda: self.state.to_state(self.loader),
             run_mode=config.mode,
             staging_root=config.staging_dir,
@@ -180,7 +175,8 @@ class ControllerLoop:
             await self._generate_and_commit(restored)
         while True:  # runs ahead of the trainer by at most max_ahead steps; cancelled at the end
             batch_step = self.state.next_batch_step
-            await self._wait(lambda: self.gen_version >= batch_step - cfg.max_ahead)
+            oldest = batch_step - cfg.max_ahead  # the oldest weights this batch may be generated with
+            await self._wait(lambda oldest=oldest: self.gen_version >= oldest)
             group_ids = self._draw_and_reserve(batch_step)
             await self._generate_and_commit(group_ids)
 

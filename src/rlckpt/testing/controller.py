@@ -60,7 +60,7 @@ async def run_in_process(config: TrainConfig, run: InProcessRun | None = None) -
     run.loop = ControllerLoop(
         config, task=task, loader=loader, trainer=LocalTrainer(worker),
         generator=LocalGenerator(GenerationWorker(config.grpo, task)),
-        replay=replay, data_plane=data_plane, store=store, state=state,
+        replay=replay, store=store, state=state,
         resumed_from=restored.step if restored else None,
     )
     run.summary = await run.loop.run()
