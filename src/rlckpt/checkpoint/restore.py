@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rlckpt.checkpoint import codec, layout
-from rlckpt.checkpoint.staging import staging_dir
 from rlckpt.checkpoint.phase import RestorePhase
+from rlckpt.checkpoint.staging import staging_dir
 from rlckpt.dataplane.base import DataPlaneClient
 from rlckpt.dataplane.snapshot_metadata import read_snapshot_metadata
 from rlckpt.dataplane.threads import run_blocking
@@ -57,10 +57,6 @@ class RestoredRun:
     @property
     def group_count(self) -> int:
         return int(self.data_plane_metadata[layout.META_GROUP_COUNT])
-
-    @property
-    def mode(self) -> str:
-        return str(self.data_plane_metadata[layout.META_MODE])
 
 
 @dataclass

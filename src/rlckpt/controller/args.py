@@ -19,7 +19,6 @@ class RestoredIndex:
     step: int
     index_digest: str
     group_count: int
-    mode: str
     replay_state: dict[str, Any]
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from rlckpt.dataplane.tq_client import TransferQueueClient
 from rlckpt.controller.handles import TrainerHandle
+from rlckpt.dataplane.tq_client import TransferQueueClient
 from rlckpt.grpo import GRPOConfig, TrainBatch, Trainer
 
 logger = logging.getLogger(__name__)
@@ -30,9 +30,6 @@ class TrainerWorker:
 
     def weights(self) -> tuple[dict[str, torch.Tensor], int]:
         return self.trainer.weights(), self.trainer.weight_version
-
-    def weight_version(self) -> int:
-        return self.trainer.weight_version
 
     def policy_sha256(self) -> str:
         return self.trainer.policy_sha256()
@@ -64,8 +61,3 @@ class TQPolicy:
 
     def handle(self) -> TrainerHandle:
         return TrainerHandle(self.worker)
-
-    def policy_sha256(self) -> str:
-        import ray
-
-        return ray.get(self.worker.policy_sha256.remote())

@@ -31,6 +31,8 @@ from rlckpt.store import BundleStore
 
 logger = logging.getLogger(__name__)
 
+EVENT_POLL_S = 0.5  # how often the driver forwards the actor's progress events
+
 
 @dataclass
 class SingleController:
@@ -42,13 +44,13 @@ class SingleController:
     restored: RestoredRun | None
     extra_actors: list[Any] = field(default_factory=list)
 
-    def run(self, on_event: Callable[[dict[str, Any]], None] | None = None, poll_s: float = 0.5) -> RunSummary:
+    def run(self, on_event: Callable[[dict[str, Any]], None] | None = None) -> RunSummary:
         """Run the actor to completion, forwarding its progress events; re-raises its failure."""
         import ray
 
         ref = self.actor.run.remote()
         while True:
-            ready, _ = ray.wait([ref], timeout=poll_s)
+            ready, _ = ray.wait([ref], timeout=EVENT_POLL_S)
             for event in ray.get(self.actor.drain_events.remote()):
                 if on_event:
                     on_event(event)
@@ -124,6 +126,5 @@ def _restored_index(restored: RestoredRun | None) -> RestoredIndex | None:
         step=restored.step,
         index_digest=restored.index_digest,
         group_count=restored.group_count,
-        mode=restored.mode,
         replay_state=restored.replay_state,
     )

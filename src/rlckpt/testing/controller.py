@@ -31,9 +31,9 @@ class InProcessRun:
     loop: ControllerLoop | None = None
 
 
-async def run_in_process(config: TrainConfig, run: InProcessRun | None = None) -> InProcessRun:
+async def run_in_process(config: TrainConfig) -> InProcessRun:
     """Resume (or start) ``config.run_dir`` and train to ``config.steps`` in this process."""
-    run = run or InProcessRun()
+    run = InProcessRun()
     store = BundleStore(config.run_dir, config.storage_options)
     task = DigitSumTask(seed=config.task_seed, num_prompts=config.num_prompts)
     loader = PromptLoader(task, config.grpo.prompts_per_step, seed=config.grpo.seed)
