@@ -9,12 +9,18 @@ while the bootstrap client has not finished restoring TransferQueue.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from rlckpt.checkpoint.phase import RestorePhase
 from rlckpt.dataplane.base import DataPlaneClient
 from rlckpt.dataplane.tq_client import TransferQueueClient
 from rlckpt.replay import DataPlaneCheckpointBarrier, ReplayBuffer
+
+
+class DataPlaneSpec(Protocol):
+    """What crosses to the process that uses the data plane: it connects there."""
+
+    def connect(self) -> DataPlaneClient: ...
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 from rlckpt.checkpoint.phase import RestorePhase
 from rlckpt.checkpoint.restore import RestoredRun, restore_run
 from rlckpt.controller.actor import SingleControllerActor
-from rlckpt.controller.args import RestoredIndex, SingleControllerActorArgs
+from rlckpt.controller.args import ControllerArgs, RestoredIndex
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.connect import connect_only_data_plane, replay_buffer_spec
 from rlckpt.controller.handles import GeneratorHandle
@@ -102,29 +102,17 @@ def setup_single_controller(config: TrainConfig) -> SingleController:
     replay = replay_buffer_spec(phase, partition_id=config.partition_id, group_size=config.grpo.group_size)
     generator = make_generation_actor(config.grpo, task, num_cpus=0)
 
-    args = SingleControllerActorArgs(
+    args = ControllerArgs(
         config=config,
         task=task,
         loader=loader,
         loop_state=loop_state,
         trainer=policy.handle(),
         generator=GeneratorHandle(generator),
-        data_plane=data_plane,
         replay=replay,
-        restored=_restored_index(restored),
+        restored=RestoredIndex.from_run(restored) if restored else None,
     )
-    actor = ray.remote(SingleControllerActor).options(num_cpus=0).remote(args)  # 5
+    actor = ray.remote(SingleControllerActor).options(num_cpus=0).remote(args, data_plane)  # 5
     seconds = time.perf_counter() - started
     logger.info("controller set up in %.1fs (%s)", seconds, f"resumed step {restored.step}" if restored else "fresh")
     return SingleController(actor, policy, store, restored, extra_actors=[generator])
-
-
-def _restored_index(restored: RestoredRun | None) -> RestoredIndex | None:
-    if restored is None:
-        return None
-    return RestoredIndex(
-        step=restored.step,
-        index_digest=restored.index_digest,
-        group_count=restored.group_count,
-        replay_state=restored.replay_state,
-    )
