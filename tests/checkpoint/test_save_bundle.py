@@ -167,3 +167,17 @@ def test_by_default_data_plane_files_are_compressed_on_object_stores_only(store_
     store = BundleStore(url, options)
     compressions = {e.compression for p, e in store.open(2).manifest.files.items() if p.startswith("data_plane/")}
     assert compressions == ({None} if store.is_local else {"zstd"})
+
+
+def test_before_commit_is_awaited_with_the_step_while_the_bundle_is_not_yet_committed(store_location):
+    url, options = store_location
+    parts, _ = asyncio.run(_parts(url, options))
+    seen = []
+
+    async def hook(step: int) -> None:
+        seen.append((step, BundleStore(url, options).steps()))
+
+    parts.before_commit = hook
+    asyncio.run(save_bundle(parts, 2))
+    assert seen == [(2, [])]
+    assert BundleStore(url, options).steps() == [2]

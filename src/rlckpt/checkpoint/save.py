@@ -41,6 +41,8 @@ from rlckpt.store.manifest import sha256_hex
 logger = logging.getLogger(__name__)
 
 SaveMode = Literal["staged", "inline"]
+# Awaited with the step after every piece is written, just before COMMIT (crash tests hold a save there).
+SaveHook = Callable[[int], Awaitable[None]]
 
 
 class PolicyStateSource(Protocol):
@@ -62,7 +64,7 @@ class SaveParticipants:
     compress_data_plane: bool | None = None  # None: zstd on object stores only (see data_plane_compression)
     keep_last: int | None = None
     extra_metadata: Mapping[str, Any] = field(default_factory=dict)
-    before_commit: Callable[[int], Awaitable[None]] | None = None  # crash tests hold a save here
+    before_commit: SaveHook | None = None
 
 
 @dataclass

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlckpt.checkpoint.restore import RestoredRun
+from rlckpt.checkpoint.save import SaveHook
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.connect import ReplayBufferSpec
 from rlckpt.controller.handles import Generator, Trainer
@@ -40,3 +41,4 @@ class ControllerArgs:
     generator: Generator
     replay: ReplayBufferSpec  # built only once the restore phase was ready
     restored: RestoredIndex | None = None
+    before_commit: SaveHook | None = None  # must be picklable to reach the actor

@@ -51,6 +51,7 @@ async def assemble_controller(
         state=args.loop_state,
         resumed_from=args.restored.step if args.restored else None,
         on_event=on_event,
+        before_commit=args.before_commit,
     )
 
 

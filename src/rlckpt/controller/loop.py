@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from rlckpt.checkpoint.save import SaveParticipants, SaveReport, save_bundle
+from rlckpt.checkpoint.save import SaveHook, SaveParticipants, SaveReport, save_bundle
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.handles import Generator, Trainer
 from rlckpt.errors import CheckpointError, LoaderStateError
@@ -35,8 +33,6 @@ logger = logging.getLogger(__name__)
 
 ROW_ID_FIELDS = ("prompt_id", "sample_index", "weight_version", "draw_seq")
 LOADER_STATE_FORMAT = 1
-# Test hook (crash tests only): "STEP:PATH" makes the save of STEP touch PATH and hang before COMMIT.
-HOLD_SAVE_ENV = "RLCKPT_TEST_HOLD_SAVE"
 
 
 class SaveFailedError(CheckpointError):
@@ -102,6 +98,7 @@ class ControllerLoop:
         state: LoopState,
         resumed_from: int | None = None,
         on_event: Callable[[dict[str, Any]], None] | None = None,
+        before_commit: SaveHook | None = None,
     ) -> None:
         self.config = config
         self.task = task
@@ -128,7 +125,7 @@ class ControllerLoop:
             compress_data_plane=config.compress_data_plane,
             keep_last=config.keep_last,
             extra_metadata={"task": repr(task), "steps_target": config.steps},
-            before_commit=_hold_hook_from_env(),
+            before_commit=before_commit,
         )
 
     # --- the run ---------------------------------------------------------------------------------
@@ -282,21 +279,3 @@ class ControllerLoop:
             out.extend(int(x) for x in data["draw_seq"].reshape(-1).unique().tolist())
         return sorted(out)
 
-
-def _hold_hook_from_env() -> Callable[[int], Awaitable[None]] | None:
-    """Crash-test hook: with ``RLCKPT_TEST_HOLD_SAVE=STEP:PATH`` the save of STEP touches PATH and
-    hangs just before COMMIT, so a test can SIGKILL the run in the middle of a save."""
-    spec = os.environ.get(HOLD_SAVE_ENV)
-    if not spec:
-        return None
-    hold_step, path = spec.split(":", 1)
-
-    async def hold(step: int) -> None:
-        if step != int(hold_step):
-            return
-        logger.warning("%s: holding the save of step %d before COMMIT until killed", HOLD_SAVE_ENV, step)
-        Path(path).touch()
-        while True:
-            await asyncio.sleep(3600)
-
-    return hold

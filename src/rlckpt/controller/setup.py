@@ -18,6 +18,7 @@ from typing import Any
 
 from rlckpt.checkpoint.phase import RestorePhase
 from rlckpt.checkpoint.restore import RestoredRun, restore_run
+from rlckpt.checkpoint.save import SaveHook
 from rlckpt.controller.actor import SingleControllerActor
 from rlckpt.controller.args import ControllerArgs, RestoredIndex
 from rlckpt.controller.config import TrainConfig
@@ -66,8 +67,11 @@ class SingleController:
         asyncio.run(self.policy.data_plane.close())
 
 
-def setup_single_controller(config: TrainConfig) -> SingleController:
-    """Build everything on the driver (Ray must be running); restore the newest bundle unless fresh."""
+def setup_single_controller(config: TrainConfig, *, before_commit: SaveHook | None = None) -> SingleController:
+    """Build everything on the driver (Ray must be running); restore the newest bundle unless fresh.
+
+    ``before_commit`` (picklable) is awaited in the controller actor before each save's COMMIT.
+    """
     import ray
 
     started = time.perf_counter()
@@ -111,6 +115,7 @@ def setup_single_controller(config: TrainConfig) -> SingleController:
         generator=GeneratorHandle(generator),
         replay=replay,
         restored=RestoredIndex.from_run(restored) if restored else None,
+        before_commit=before_commit,
     )
     actor = ray.remote(SingleControllerActor).options(num_cpus=0).remote(args, data_plane)  # 5
     seconds = time.perf_counter() - started
