@@ -83,11 +83,11 @@ def test_data_plane_files_are_zstd_compressed_when_asked(store_location):
     assert files[layout.POLICY_FILE].compression is None
 
 
-def test_inline_mode_writes_the_same_bundle_layout(store_location):
+def test_inline_upload_timing_writes_the_same_bundle_layout(store_location):
     url, options = store_location
     parts, _ = asyncio.run(_parts(url, options))
-    report = asyncio.run(save_bundle(parts, 3, mode="inline"))
-    assert report.mode == "inline"
+    report = asyncio.run(save_bundle(parts, 3, upload_timing="inline"))
+    assert report.upload_timing == "inline"
     BundleStore(url, options).open(3).verify()
 
 

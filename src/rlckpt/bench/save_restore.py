@@ -102,10 +102,10 @@ class _Bench:
     async def rlckpt_save(self, store: BundleStore, step: int, result: SaveRestoreResult) -> None:
         parts = SaveParticipants(
             store=store, policy=self.policy, replay=self.replay,
-            capture_loader_state=lambda: {"bench": True}, run_mode="async",
+            capture_loader_state=lambda: {"bench": True}, rollout_order="async",
             staging_root=self.config.staging_root, compress_data_plane=self.config.compress, keep_last=1,
         )
-        report = await save_bundle(parts, step, mode="staged")
+        report = await save_bundle(parts, step, upload_timing="staged")
         result.save_s.append(report.total_s)
         result.save_window_s.append(report.window_s)
         result.save_upload_s.append(report.upload_s)

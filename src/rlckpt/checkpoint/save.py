@@ -15,7 +15,7 @@ window (it is still written after it). In async mode the rollout pump draws prom
 policy is written; captured before the window, a prompt drawn in between would be restored from
 the data plane *and* drawn again after resume.
 
-``mode="inline"`` reproduces the reference design for the stall benchmark: the snapshot upload
+``upload_timing="inline"`` reproduces the reference design for the stall benchmark: the snapshot upload
 happens inside the window, so finished rollouts wait for the destination.
 """
 
@@ -40,7 +40,9 @@ from rlckpt.store.manifest import sha256_hex
 
 logger = logging.getLogger(__name__)
 
-SaveMode = Literal["staged", "inline"]
+# When the data-plane snapshot is digested and uploaded: after the window (staged, the default) or
+# inside it (inline, for comparison in the stall benchmark).
+UploadTiming = Literal["staged", "inline"]
 # Awaited with the step after every piece is written, just before COMMIT (crash tests hold a save there).
 SaveHook = Callable[[int], Awaitable[None]]
 
@@ -59,7 +61,7 @@ class SaveParticipants:
     policy: PolicyStateSource
     replay: ReplayBuffer  # the data plane it indexes is the one snapshotted
     capture_loader_state: Callable[[], dict[str, Any]]
-    run_mode: str = "in_order"
+    rollout_order: str = "in_order"  # the run's (TrainConfig.rollout_order), recorded in the bundle
     staging_root: str | None = None
     compress_data_plane: bool | None = None  # None: zstd on object stores only (see data_plane_compression)
     keep_last: int | None = None
@@ -80,15 +82,17 @@ class SaveReport:
     upload_s: float
     bytes_written: int
     group_count: int
-    mode: SaveMode
+    upload_timing: UploadTiming
 
 
-async def save_bundle(parts: SaveParticipants, step: int, *, mode: SaveMode = "staged") -> SaveReport:
+async def save_bundle(
+    parts: SaveParticipants, step: int, *, upload_timing: UploadTiming = "staged"
+) -> SaveReport:
     """Write and commit the bundle of ``step``; on any failure nothing is committed and it re-raises."""
     started = time.perf_counter()
     txn: BundleTransaction = await run_blocking(parts.store.begin, step)  # 1: intent recorded
     try:
-        report = await _write_and_commit(parts, txn, step, mode, started)
+        report = await _write_and_commit(parts, txn, step, upload_timing, started)
     except BaseException as exc:
         await _abort(txn, step, exc)
         raise
@@ -98,7 +102,7 @@ async def save_bundle(parts: SaveParticipants, step: int, *, mode: SaveMode = "s
 
 
 async def _write_and_commit(
-    parts: SaveParticipants, txn: BundleTransaction, step: int, mode: SaveMode, started: float
+    parts: SaveParticipants, txn: BundleTransaction, step: int, upload_timing: UploadTiming, started: float
 ) -> SaveReport:
     t = time.perf_counter()
     policy_bytes = await parts.policy.state_bytes()  # 2: policy
@@ -116,30 +120,34 @@ async def _write_and_commit(
             t = time.perf_counter()
             stored, _ = await asyncio.gather(  # both only read; nothing can write inside the window
                 data_plane.list_sample_ids(parts.replay.partition_id),
-                data_plane.save_checkpoint(snapshot_dir, metadata={"step": step, "mode": parts.run_mode}),
+                data_plane.save_checkpoint(
+                    snapshot_dir, metadata={"step": step, layout.META_ROLLOUT_ORDER: parts.rollout_order}
+                ),
             )
             snapshot_s = time.perf_counter() - t
             parts.replay.validate_inventory(stored)  # a mismatch aborts the save: nothing is committed
             upload_s = 0.0
-            if mode == "inline":  # the reference design: digest and upload while rollouts wait
-                index, dp_metadata = _finish_snapshot(captured, snapshot_dir, step, parts.run_mode)
+            if upload_timing == "inline":  # the reference design: digest and upload while rollouts wait
+                index, dp_metadata = _finish_snapshot(captured, snapshot_dir, step, parts.rollout_order)
                 upload_s = await _upload_snapshot(txn, snapshot_dir, compression)
             window_s = time.perf_counter() - window_started
 
-        if mode == "staged":  # 4: outside the window, off the event loop (rollouts resume at once)
-            index, dp_metadata = await run_blocking(_finish_snapshot, captured, snapshot_dir, step, parts.run_mode)
+        if upload_timing == "staged":  # 4: outside the window, off the event loop (rollouts resume at once)
+            index, dp_metadata = await run_blocking(
+                _finish_snapshot, captured, snapshot_dir, step, parts.rollout_order
+            )
             upload_s = await _upload_snapshot(txn, snapshot_dir, compression)
         await run_blocking(txn.write_bytes, layout.LOADER_FILE, codec.dumps(loader_state))
     await run_blocking(txn.write_bytes, layout.REPLAY_FILE, codec.dumps(index))
 
     metadata = {
         **parts.extra_metadata,
-        layout.META_FORMAT: layout.RUN_FORMAT,
+        layout.META_FORMAT: layout.RUN_BUNDLE_FORMAT,
         layout.META_INDEX_DIGEST: dp_metadata[layout.META_INDEX_DIGEST],
         layout.META_GROUP_COUNT: dp_metadata[layout.META_GROUP_COUNT],
-        layout.META_MODE: parts.run_mode,
+        layout.META_ROLLOUT_ORDER: parts.rollout_order,
+        layout.META_UPLOAD_TIMING: upload_timing,
         "data_plane": dp_metadata,
-        "save_mode": mode,
     }
     if parts.before_commit is not None:
         await parts.before_commit(step)
@@ -154,7 +162,7 @@ async def _write_and_commit(
         upload_s=upload_s,
         bytes_written=manifest.total_size,
         group_count=dp_metadata[layout.META_GROUP_COUNT],
-        mode=mode,
+        upload_timing=upload_timing,
     )
     logger.info(
         "saved step %d: %d groups, %.1f MiB, window %.3fs (snapshot %.3fs), upload %.3fs, total %.3fs",
@@ -174,14 +182,14 @@ def data_plane_compression(store: BundleStore, wanted: bool | None) -> str | Non
 
 
 def _finish_snapshot(
-    captured: IndexCapture, snapshot_dir: Path, step: int, run_mode: str
+    captured: IndexCapture, snapshot_dir: Path, step: int, rollout_order: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Serialize and digest the captured index, and tie the staged snapshot to it by that digest."""
     index = captured.state_dict()
     dp_metadata = {
         layout.META_INDEX_DIGEST: index["digest"],
         layout.META_GROUP_COUNT: len(index["groups"]),
-        layout.META_MODE: run_mode,
+        layout.META_ROLLOUT_ORDER: rollout_order,
         "step": step,
         "partition_id": index["partition_id"],
     }

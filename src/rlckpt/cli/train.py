@@ -92,7 +92,7 @@ def run(args: argparse.Namespace, *, before_commit: SaveHook | None = None) -> i
         run_dir=args.run_dir,
         steps=args.steps,
         save_every=args.save_every,
-        mode=args.mode,
+        rollout_order=args.mode,
         max_staleness=args.max_staleness,
         fresh=args.fresh,
         storage_options=args.storage_options,
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace, *, before_commit: SaveHook | None = None) -> i
         stop_local_ray()
         if args.ray_temp_dir is None:  # ours: remove it; a user-given dir stays
             shutil.rmtree(ray_dir, ignore_errors=True)
-    result = {**asdict(summary), "bundles": bundles, "run_dir": config.run_dir, "mode": config.mode}
+    result = {**asdict(summary), "bundles": bundles, "run_dir": config.run_dir, "rollout_order": config.rollout_order}
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:

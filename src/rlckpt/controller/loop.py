@@ -6,7 +6,7 @@ replay buffer. Train pump: take the groups of step k → advantage stage (read r
 ``advantages`` onto the same keys) → train → remove the groups → sync weights → save every
 ``save_every`` steps and at the last step.
 
-Modes: ``in_order`` — batch k is generated with weights k and trained at step k (deterministic);
+Rollout orders: ``in_order`` — batch k is generated with weights k and trained at step k (deterministic);
 ``async`` — batch k may be generated with weights as old as k − max_staleness while the trainer
 works (bounded staleness). In both, every drawn prompt is trained exactly once, across restarts.
 """
@@ -120,7 +120,7 @@ class ControllerLoop:
             policy=trainer,
             replay=replay,
             capture_loader_state=lambda: self.state.to_state(self.loader),
-            run_mode=config.mode,
+            rollout_order=config.rollout_order,
             staging_root=config.staging_dir,
             compress_data_plane=config.compress_data_plane,
             keep_last=config.keep_last,

@@ -97,7 +97,7 @@ def setup_single_controller(config: TrainConfig, *, before_commit: SaveHook | No
                 bootstrap=policy.data_plane,
                 phase=phase,
                 staging_root=config.staging_dir,
-                expected_mode=config.mode,
+                expected_rollout_order=config.rollout_order,
             )
         )
     loop_state = LoopState.from_state(restored.loader_state, loader) if restored else LoopState()

@@ -59,7 +59,7 @@ async def run_in_process(config: TrainConfig) -> InProcessRun:
     else:
         restored = await restore_run(
             store, trainer=worker, bootstrap=bootstrap, phase=run.phase,
-            staging_root=config.staging_dir, expected_mode=config.mode,
+            staging_root=config.staging_dir, expected_rollout_order=config.rollout_order,
         )
     args = ControllerArgs(
         config=config,
