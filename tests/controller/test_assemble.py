@@ -21,7 +21,7 @@ from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.connect import ReplayBufferSpec, replay_buffer_spec
 from rlckpt.controller.handles import LocalGenerator, LocalTrainer
 from rlckpt.controller.loop import LoopState
-from rlckpt.controller.policy import TrainerWorker
+from rlckpt.controller.trainer_worker import TrainerWorker
 from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
 from rlckpt.errors import InventoryMismatchError, ReplayStateError
 from rlckpt.grpo import DigitSumTask, GenerationWorker, GRPOConfig, PromptLoader

@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlckpt.bench.blob_trainer import BlobTrainer
 from rlckpt.bench.destinations import Destination
-from rlckpt.bench.policy import BlobPolicy
 from rlckpt.bench.pump import RolloutPump
 from rlckpt.bench.rows import MiB, RowShape
 from rlckpt.bench.stats import Summary, summarize
@@ -150,7 +150,7 @@ async def run_point(
     size_mib: float,
     destination: Destination,
     upload_timing: UploadTiming,
-    policy: BlobPolicy,
+    trainer: BlobTrainer,
     keepalive: list[Any] | None = None,
 ) -> PointResult:
     """Pump rollouts, save ``config.saves`` times, and summarize what the commits waited.
@@ -167,7 +167,7 @@ async def run_point(
         keepalive.append(store)
     parts = SaveParticipants(
         store=store,
-        policy=policy,
+        policy=trainer,
         replay=replay,
         capture_loader_state=lambda: {"bench": True},
         rollout_order="async",
@@ -252,13 +252,13 @@ async def run_size(
     t = time.perf_counter()
     await pump.fill(keep)
     logger.info("filled %d groups (%.1f MiB) in %.1fs", keep, keep * config.shape.group_bytes / MiB, time.perf_counter() - t)
-    policy = BlobPolicy(int(config.policy_mib * MiB))
+    trainer = BlobTrainer(int(config.policy_mib * MiB))
     results = []
     for destination in destinations:
         for upload_timing in config.upload_timings:
             point = await run_point(
                 replay, barrier, timed, pump,
-                config=config, size_mib=size_mib, destination=destination, upload_timing=upload_timing, policy=policy,
+                config=config, size_mib=size_mib, destination=destination, upload_timing=upload_timing, trainer=trainer,
                 keepalive=keepalive,
             )
             on_point(point)

@@ -25,7 +25,7 @@ from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.connect import connect_only_data_plane, replay_buffer_spec
 from rlckpt.controller.handles import GeneratorHandle
 from rlckpt.controller.loop import LoopState, RunSummary
-from rlckpt.controller.policy import TQPolicy
+from rlckpt.controller.trainer_side import TrainerSide
 from rlckpt.errors import CheckpointError
 from rlckpt.grpo import DigitSumTask, PromptLoader, make_generation_actor
 from rlckpt.store import BundleStore
@@ -40,7 +40,7 @@ class SingleController:
     """What the driver holds: the actor, the trainer side (owner of TransferQueue) and the store."""
 
     actor: Any
-    policy: TQPolicy
+    trainer_side: TrainerSide
     store: BundleStore
     restored: RestoredRun | None
     extra_actors: list[Any] = field(default_factory=list)
@@ -59,12 +59,12 @@ class SingleController:
                 return RunSummary(**ray.get(ref))
 
     def shutdown(self) -> None:
-        """Stop the actors and TransferQueue (the bootstrap client owns it)."""
+        """Stop the actors, then the trainer side (its worker and TransferQueue)."""
         import ray
 
-        for actor in [self.actor, *self.extra_actors, self.policy.worker]:
+        for actor in [self.actor, *self.extra_actors]:
             ray.kill(actor, no_restart=True)
-        asyncio.run(self.policy.data_plane.close())
+        self.trainer_side.shutdown()
 
 
 def setup_single_controller(config: TrainConfig, *, before_commit: SaveHook | None = None) -> SingleController:
@@ -85,7 +85,7 @@ def setup_single_controller(config: TrainConfig, *, before_commit: SaveHook | No
     loader = PromptLoader(task, config.grpo.prompts_per_step, seed=config.grpo.seed)
     phase = RestorePhase()
 
-    policy = TQPolicy(config.grpo, config.tq_config)  # trainer worker + bootstrap client (starts TQ)
+    trainer_side = TrainerSide(config.grpo, config.tq_config)  # trainer worker + bootstrap client (starts TQ)
     if config.fresh:
         phase.start_fresh()
         restored = None
@@ -93,8 +93,8 @@ def setup_single_controller(config: TrainConfig, *, before_commit: SaveHook | No
         restored = asyncio.run(
             restore_run(
                 store,
-                trainer=policy,
-                bootstrap=policy.data_plane,
+                trainer=trainer_side,
+                bootstrap=trainer_side.data_plane,
                 phase=phase,
                 staging_root=config.staging_dir,
                 expected_rollout_order=config.rollout_order,
@@ -111,7 +111,7 @@ def setup_single_controller(config: TrainConfig, *, before_commit: SaveHook | No
         task=task,
         loader=loader,
         loop_state=loop_state,
-        trainer=policy.handle(),
+        trainer=trainer_side.handle(),
         generator=GeneratorHandle(generator),
         replay=replay,
         restored=RestoredIndex.from_run(restored) if restored else None,
@@ -120,4 +120,4 @@ def setup_single_controller(config: TrainConfig, *, before_commit: SaveHook | No
     actor = ray.remote(SingleControllerActor).options(num_cpus=0).remote(args, data_plane)  # 5
     seconds = time.perf_counter() - started
     logger.info("controller set up in %.1fs (%s)", seconds, f"resumed step {restored.step}" if restored else "fresh")
-    return SingleController(actor, policy, store, restored, extra_actors=[generator])
+    return SingleController(actor, trainer_side, store, restored, extra_actors=[generator])

@@ -18,7 +18,7 @@ from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.connect import replay_buffer_spec
 from rlckpt.controller.handles import LocalGenerator, LocalTrainer
 from rlckpt.controller.loop import ControllerLoop, LoopState, RunSummary
-from rlckpt.controller.policy import TrainerWorker
+from rlckpt.controller.trainer_worker import TrainerWorker
 from rlckpt.dataplane.base import DataPlaneClient
 from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
 from rlckpt.grpo import DigitSumTask, GenerationWorker, PromptLoader
