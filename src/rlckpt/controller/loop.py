@@ -61,7 +61,9 @@ class LoopState:
     @classmethod
     def from_state(cls, state: dict[str, Any], loader: PromptLoader) -> LoopState:
         if state.get("format") != LOADER_STATE_FORMAT:
-            raise LoaderStateError(f"train_dataloader.pt has format {state.get('format')!r}, expected 1")
+            raise LoaderStateError(
+                f"train_dataloader.pt has format {state.get('format')!r}, expected {LOADER_STATE_FORMAT}"
+            )
         loader.load_state_dict(state["loader"])
         pending = {str(g): {k: int(x) for k, x in v.items()} for g, v in state["pending"].items()}
         return cls(int(state["step"]), int(state["next_batch_step"]), int(state["draws"]), pending)

@@ -34,7 +34,7 @@ from typing import Any
 from rlckpt.errors import InventoryMismatchError, ReplayError, ReplayStateError
 from rlckpt.replay.barrier import DataPlaneCheckpointBarrier
 from rlckpt.replay.records import (
-    SCHEMA_VERSION,
+    REPLAY_INDEX_FORMAT,
     GroupRecord,
     IndexCapture,
     groups_digest,
@@ -297,9 +297,10 @@ class ReplayBuffer:
         missing = {"schema_version", "partition_id", "group_size", "next_seq", "groups", "digest"} - set(state)
         if missing:
             raise ReplayStateError(f"{where}: state lacks {sorted(missing)}")
-        if state["schema_version"] != SCHEMA_VERSION:
+        if state["schema_version"] != REPLAY_INDEX_FORMAT:
             raise ReplayStateError(
-                f"{where}: schema version {state['schema_version']!r}, this code reads {SCHEMA_VERSION}"
+                f"{where}: schema version {state['schema_version']!r}, this code reads replay index "
+                f"format {REPLAY_INDEX_FORMAT}"
             )
         actual = groups_digest(state["groups"])
         if actual != state["digest"]:
