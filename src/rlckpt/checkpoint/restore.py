@@ -1,15 +1,16 @@
-"""The restore procedure (driver side, once, before the controller actor exists).
+"""The restore procedure (driver side, once, before the controller actor exists): restore steps
+1–3 of docs/architecture.md.
 
 1. pick the newest committed bundle; the store checks marker → manifest digest → listing
 2. fetch every piece, verifying every digest (policy, loader, replay index into memory,
-   ``data_plane/`` into local staging) — nothing is deserialized before this is done
-3. pairing check: the manifest, TransferQueue's ``metadata.json`` and the replay index must name
-   the same index digest (a sidecar/data-plane pair from different saves is refused here)
-4. trainer state and dataloader position
-5. the bootstrap data-plane client loads the snapshot → the metadata it was saved with
+   ``data_plane/`` into local staging); check the run-bundle format, the rollout order and the
+   pairing: the manifest, TransferQueue's ``metadata.json`` and the replay index must name the
+   same index digest (a sidecar/data-plane pair from different saves is refused here)
+3. trainer state and dataloader position; then the bootstrap data-plane client loads the
+   snapshot → the metadata it was saved with
 
-The restore phase moves NOT_STARTED → RESTORING → RESTORED (or FAILED) around 4–5, so the
-connect-only client and the replay buffer can only be built afterwards (controller.setup).
+The restore phase moves NOT_STARTED → RESTORING → RESTORED (or FAILED) around 3, so the
+connect-only client and the replay buffer can only be built afterwards (step 4, controller.setup).
 """
 
 from __future__ import annotations
@@ -89,12 +90,12 @@ async def restore_run(
     logger.info("restoring step %d from %s", step, store.url)
     with staging_dir(staging_root, prefix=f"rlckpt-restore{step}-") as staging:
         pieces = await run_blocking(_fetch_verified, bundle, staging)  # 2
-        replay_state = _check_pairing(bundle.manifest, pieces, expected_rollout_order)  # 3
+        replay_state = _check_pairing(bundle.manifest, pieces, expected_rollout_order)  # 2
         phase.begin_restore(step)
         try:
-            trainer.load_state_bytes(pieces.policy)  # 4
+            trainer.load_state_bytes(pieces.policy)  # 3
             loader_state = codec.loads(pieces.loader, origin=f"step {step}: {layout.LOADER_FILE}")
-            metadata = await bootstrap.load_checkpoint(pieces.snapshot_dir)  # 5
+            metadata = await bootstrap.load_checkpoint(pieces.snapshot_dir)  # 3: TQ restored
             if metadata.get(layout.META_INDEX_DIGEST) != replay_state["digest"]:
                 raise CorruptBundleError(
                     f"step {step}: the data plane loaded a snapshot for index "

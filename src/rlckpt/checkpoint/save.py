@@ -1,4 +1,4 @@
-"""The save procedure of one run bundle, in ARCHITECTURE's order.
+"""The save procedure of one run bundle, in the order of docs/architecture.md (Save).
 
 1. begin transaction (the store records the write-ahead intent before any data byte)
 2. policy weights + optimizer
@@ -10,13 +10,14 @@
    ``train_dataloader.pt`` and ``replay_buffer_metadata.pt``
 5. manifest with digests → COMMIT → retention
 
-Deviation from ARCHITECTURE step 2, on purpose: the dataloader position is *captured* inside the
-window (it is still written after it). In async mode the rollout pump draws prompts while the
-policy is written; captured before the window, a prompt drawn in between would be restored from
-the data plane *and* drawn again after resume.
+The dataloader position is *captured* inside the window (it is still written after it): with the
+async rollout order the rollout pump draws prompts while the policy is written, and a position
+captured before the window would let a prompt drawn in between be restored from the data plane
+*and* drawn again after resume (docs/design-notes.md, 1).
 
-``upload_timing="inline"`` reproduces the reference design for the stall benchmark: the snapshot upload
-happens inside the window, so finished rollouts wait for the destination.
+``upload_timing="inline"`` digests and uploads the snapshot inside the window, so finished
+rollouts wait for the destination; the stall benchmark compares it with the default ``staged``
+(docs/architecture.md, Upload timing).
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ async def _write_and_commit(
             snapshot_s = time.perf_counter() - t
             parts.replay.validate_inventory(stored)  # a mismatch aborts the save: nothing is committed
             upload_s = 0.0
-            if upload_timing == "inline":  # the reference design: digest and upload while rollouts wait
+            if upload_timing == "inline":  # digest and upload while rollouts wait (for comparison only)
                 index, dp_metadata = _finish_snapshot(captured, snapshot_dir, step, parts.rollout_order)
                 upload_s = await _upload_snapshot(txn, snapshot_dir, compression)
             window_s = time.perf_counter() - window_started

@@ -17,8 +17,9 @@ what it does:
   to each size, then for each destination x upload timing runs a rollout pump (RATE groups/s,
   oldest groups trimmed so the size stays put) and saves every GAP seconds through rlckpt's real
   save path.
-  upload timings: inline = TQ snapshot *and upload* inside the barrier window (the reference
-  design); staged = snapshot to local staging inside the window, upload after it (rlckpt's default).
+  upload timings: inline = TQ snapshot *and upload* inside the barrier window (how the reference
+  implementation saves, see docs/architecture.md); staged = snapshot to local staging inside the
+  window, upload after it (rlckpt's default).
   Reports each commit's wait at the barrier (outside saves / during saves), the window, TQ's own
   snapshot time and the whole save; writes barrier_stall.{json,md,png} to --out-dir.
 

@@ -1,10 +1,11 @@
-"""setup_single_controller: the driver builds every object, in ARCHITECTURE's restore order.
+"""setup_single_controller: the driver builds every object, in the restore order of
+docs/architecture.md (Restore).
 
-1. newest committed bundle (store verifies marker and manifest)
-2. trainer state and dataloader position
-3. the bootstrap client restores TransferQueue from the bundle's ``data_plane/``
+1–3. ``restore_run``: newest committed bundle, every piece fetched and checked, then trainer
+     state, dataloader position and TransferQueue (restored by the bootstrap client)
 4. only now: the connect-only client and the replay buffer (asserted by RestorePhase)
-5. the controller actor, created with the data-plane metadata read back in 3
+5. the controller actor, created with the data-plane metadata read back in 3; its ``run()``
+   assembles the loop and checks the restored index (``assemble_controller``)
 """
 
 from __future__ import annotations

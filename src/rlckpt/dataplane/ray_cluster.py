@@ -2,7 +2,7 @@
 
 Every caller (main job, tests, benchmarks) uses this so a run never attaches to another user's
 cluster (``address="local"``), stays on 127.0.0.1, and keeps its sockets and logs in a temp dir
-the caller owns. See ``shared/notes/transferqueue.md`` for why each setting is there.
+the caller owns. docs/dataplane.md (Ray) says why each setting is there.
 """
 
 from __future__ import annotations
