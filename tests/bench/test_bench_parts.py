@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from rlckpt.bench.barrier import PointResult, SaveRecord, classify_commit_waits, evaluate_targets
+from rlckpt.bench.barrier import (
+    PointResult,
+    SaveRecord,
+    classify_commit_waits,
+    evaluate_targets,
+)
 from rlckpt.bench.first_step import StderrWatch
 from rlckpt.bench.rows import RowShape, make_group
 from rlckpt.bench.stats import summarize
@@ -32,10 +37,10 @@ def test_a_commit_queued_before_the_window_and_let_in_after_it_counts_as_waiting
     assert in_window == pytest.approx([0.7])
 
 
-def _point(dest: str, mode: str, p99_s: float, window_s: float = 0.1, snapshot_s: float = 0.1) -> PointResult:
+def _point(dest: str, timing: str, p99_s: float, window_s: float = 0.1, snapshot_s: float = 0.1) -> PointResult:
     waits = summarize([0.0] * 99 + [p99_s] * 2)
     save = SaveRecord(1, window_s, snapshot_s, 0.0, 0.0, 1.0, 1, 1e3 * (window_s - snapshot_s))
-    return PointResult(256.0, dest, mode, 1, 8, 1, 20.0, 101, waits, waits, waits, [save])
+    return PointResult(256.0, dest, timing, 1, 8, 1, 20.0, 101, waits, waits, waits, [save])
 
 
 def test_targets_report_misses_with_their_ratio():
@@ -88,14 +93,23 @@ def test_bad_bench_command_lines_exit_with_usage_error(argv, capsys):
 
 def test_bench_barrier_parses_sizes_and_destinations():
     args = build_parser().parse_args(["bench", "barrier", "--sizes", "16,64", "--destinations", "local"])
-    assert args.sizes == [16.0, 64.0] and args.destinations == ["local"] and args.modes == ["inline", "staged"]
+    assert args.sizes == [16.0, 64.0] and args.destinations == ["local"] and args.upload_timings == ["inline", "staged"]
 
 
 def test_results_json_reads_back_into_the_same_points_for_replotting():
     import json
 
-    from rlckpt.bench.barrier import BarrierConfig, points_from_document, result_document
+    from rlckpt.bench.barrier import (
+        BarrierConfig,
+        points_from_document,
+        result_document,
+    )
 
     points = [_point("local", "staged", 0.1), _point("s3-moto", "inline", 0.4)]
     document = json.loads(json.dumps(result_document(points, BarrierConfig(), {"command": "test"})))
     assert points_from_document(document) == points
+
+
+def test_bench_barrier_still_accepts_the_old_modes_spelling_for_upload_timings():
+    args = build_parser().parse_args(["bench", "barrier", "--modes", "staged"])
+    assert args.upload_timings == ["staged"]

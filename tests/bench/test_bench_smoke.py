@@ -7,9 +7,20 @@ import json
 
 import pytest
 
-from rlckpt.bench.barrier import BarrierConfig, evaluate_targets, result_document, run_sweep
+from rlckpt.bench.barrier import (
+    BarrierConfig,
+    evaluate_targets,
+    result_document,
+    run_sweep,
+)
 from rlckpt.bench.destinations import local_destination, s3_destination
-from rlckpt.bench.report import barrier_plot, barrier_table, save_restore_table, targets_table, write_json
+from rlckpt.bench.report import (
+    barrier_plot,
+    barrier_table,
+    save_restore_table,
+    targets_table,
+    write_json,
+)
 from rlckpt.bench.rows import RowShape
 from rlckpt.bench.save_restore import SaveRestoreConfig, run_save_restore
 from rlckpt.store import BundleStore
@@ -28,7 +39,7 @@ def test_barrier_sweep_measures_every_point_and_writes_its_reports(tq_session, d
                            policy_mib=0.25, shape=TINY_ROWS)
     points = run_sweep(config, destinations, connect=connect_client, reset=reset_tq_state)
 
-    assert [(p.destination, p.mode) for p in points] == [
+    assert [(p.destination, p.upload_timing) for p in points] == [
         ("local", "inline"), ("local", "staged"), ("s3-moto", "inline"), ("s3-moto", "staged")
     ]
     for p in points:

@@ -12,7 +12,12 @@ from rlckpt.checkpoint.phase import Phase, RestorePhase
 from rlckpt.checkpoint.restore import restore_run
 from rlckpt.controller.config import TrainConfig
 from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
-from rlckpt.errors import CheckpointError, CorruptBundleError, RestoreOrderError, RestoreRefusedError
+from rlckpt.errors import (
+    CheckpointError,
+    CorruptBundleError,
+    RestoreOrderError,
+    RestoreRefusedError,
+)
 from rlckpt.grpo import GRPOConfig
 from rlckpt.store import BundleStore
 from rlckpt.testing.controller import run_in_process
@@ -28,8 +33,8 @@ class SpyTrainer:
         self.loaded.append(data)
 
 
-def _train(run_dir: str, steps: int, options=None, mode: str = "in_order") -> None:
-    config = TrainConfig(run_dir=run_dir, steps=steps, save_every=2, grpo=SMALL, storage_options=options, mode=mode)
+def _train(run_dir: str, steps: int, options=None) -> None:
+    config = TrainConfig(run_dir=run_dir, steps=steps, save_every=2, grpo=SMALL, storage_options=options)
     asyncio.run(run_in_process(config))
 
 
@@ -138,6 +143,29 @@ def test_restore_onto_a_data_plane_another_client_touched_is_refused(trained_run
     assert phase.state is Phase.FAILED
 
 
-def test_resuming_in_another_mode_is_refused_with_the_mode_to_use(trained_run):
+def test_resuming_with_another_rollout_order_is_refused_naming_the_flag_to_use(trained_run):
     with pytest.raises(CheckpointError, match="--mode in_order"):
-        _restore(BundleStore(trained_run), expected_mode="async")
+        _restore(BundleStore(trained_run), expected_rollout_order="async")
+
+
+def test_a_bundle_of_the_previous_run_bundle_format_is_refused_naming_its_format(trained_run, tmp_path):
+    store = BundleStore(str(tmp_path / "run"))
+    bundle = BundleStore(trained_run).open(4)
+    old = dict(bundle.manifest.metadata)  # what format 1 wrote: "mode" and "save_mode"
+    old.update({layout.META_FORMAT: 1, "mode": old.pop(layout.META_ROLLOUT_ORDER),
+                "save_mode": old.pop(layout.META_UPLOAD_TIMING)})
+    with store.begin(4) as txn:
+        for rel in bundle.manifest.files:
+            txn.write_bytes(rel, bundle.read_bytes(rel))
+        txn.commit(old)
+    plane = InMemoryStore()
+    with pytest.raises(CheckpointError, match="run-bundle format 1, this rlckpt reads format 2"):
+        _restore(store, plane=plane)
+    assert plane.is_empty()
+
+
+def test_the_manifest_says_which_mode_is_the_rollout_order_and_which_the_upload_timing(trained_run):
+    metadata = BundleStore(trained_run).open(4).manifest.metadata
+    assert metadata[layout.META_ROLLOUT_ORDER] == "in_order"
+    assert metadata[layout.META_UPLOAD_TIMING] == "staged"
+    assert metadata[layout.META_FORMAT] == layout.RUN_BUNDLE_FORMAT

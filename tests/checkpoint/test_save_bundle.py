@@ -50,7 +50,6 @@ async def _parts(url, options, policy=None, groups=3, pending=1):
         store=BundleStore(url, options),
         policy=policy or FakePolicy(),
         replay=replay,
-        data_plane=plane,
         capture_loader_state=lambda: {"position": 7},
         staging_root=None,
     )
@@ -84,11 +83,11 @@ def test_data_plane_files_are_zstd_compressed_when_asked(store_location):
     assert files[layout.POLICY_FILE].compression is None
 
 
-def test_inline_mode_writes_the_same_bundle_layout(store_location):
+def test_inline_upload_timing_writes_the_same_bundle_layout(store_location):
     url, options = store_location
     parts, _ = asyncio.run(_parts(url, options))
-    report = asyncio.run(save_bundle(parts, 3, mode="inline"))
-    assert report.mode == "inline"
+    report = asyncio.run(save_bundle(parts, 3, upload_timing="inline"))
+    assert report.upload_timing == "inline"
     BundleStore(url, options).open(3).verify()
 
 
@@ -168,3 +167,17 @@ def test_by_default_data_plane_files_are_compressed_on_object_stores_only(store_
     store = BundleStore(url, options)
     compressions = {e.compression for p, e in store.open(2).manifest.files.items() if p.startswith("data_plane/")}
     assert compressions == ({None} if store.is_local else {"zstd"})
+
+
+def test_before_commit_is_awaited_with_the_step_while_the_bundle_is_not_yet_committed(store_location):
+    url, options = store_location
+    parts, _ = asyncio.run(_parts(url, options))
+    seen = []
+
+    async def hook(step: int) -> None:
+        seen.append((step, BundleStore(url, options).steps()))
+
+    parts.before_commit = hook
+    asyncio.run(save_bundle(parts, 2))
+    assert seen == [(2, [])]
+    assert BundleStore(url, options).steps() == [2]

@@ -1,5 +1,5 @@
-"""The controller loop in-process (no Ray, in-memory data plane): resume is exact in in_order mode,
-and in async mode every drawn prompt is trained exactly once across a restart."""
+"""The controller loop in-process (no Ray, in-memory data plane): resume is exact with the in_order
+rollout order, and with async every drawn prompt is trained exactly once across a restart."""
 
 import asyncio
 
@@ -8,7 +8,14 @@ import pytest
 from rlckpt.controller import loop as loop_module
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.loop import SaveFailedError
-from rlckpt.grpo import DigitSumTask, GenerationWorker, GRPOConfig, PromptLoader, Trainer, run_steps
+from rlckpt.grpo import (
+    DigitSumTask,
+    GenerationWorker,
+    GRPOConfig,
+    PromptLoader,
+    Trainer,
+    run_steps,
+)
 from rlckpt.store import BundleStore
 from rlckpt.testing.controller import run_in_process
 
@@ -40,8 +47,8 @@ def test_in_order_resume_is_bit_exact(store_location, tmp_path):
 
 def test_async_restart_trains_every_drawn_prompt_exactly_once(tmp_path):
     run_dir = str(tmp_path / "run")
-    first = _run(run_dir, 4, mode="async", max_staleness=2)
-    second = _run(run_dir, 8, mode="async", max_staleness=2)
+    first = _run(run_dir, 4, rollout_order="async", max_staleness=2)
+    second = _run(run_dir, 8, rollout_order="async", max_staleness=2)
     trained = first.trained_draws + second.trained_draws
     assert len(trained) == len(set(trained)), "a prompt was trained twice"
     assert sorted(trained + second.unconsumed_draws) == list(range(second.drawn)), "a prompt was lost"
@@ -50,8 +57,8 @@ def test_async_restart_trains_every_drawn_prompt_exactly_once(tmp_path):
 
 def test_prompts_in_the_buffer_at_the_save_are_trained_after_resume(tmp_path):
     run_dir = str(tmp_path / "run")
-    first = _run(run_dir, 4, mode="async", max_staleness=2)
-    second = _run(run_dir, 5, mode="async", max_staleness=2)
+    first = _run(run_dir, 4, rollout_order="async", max_staleness=2)
+    second = _run(run_dir, 5, rollout_order="async", max_staleness=2)
     assert set(first.unconsumed_draws) <= set(second.trained_draws) | set(second.unconsumed_draws)
     assert not set(first.unconsumed_draws) & set(first.trained_draws)
 

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
@@ -26,7 +25,7 @@ RUN_TIMEOUT_S = 420
 def _train(run_dir: str, steps: int, *extra: str, env: dict[str, str] | None = None) -> dict:
     cmd = [sys.executable, "-m", "rlckpt.cli.main", "train", "--run-dir", run_dir, "--steps", str(steps),
            "--save-every", "2", "--json", *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env, check=False)
     assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -79,12 +78,11 @@ def test_sigkill_in_the_middle_of_a_save_resumes_from_the_previous_bundle(tmp_pa
     run_dir = str(tmp_path / "run")
     held = tmp_path / "save-4-is-held"
     ray_dir = tempfile.mkdtemp(prefix="rlckpt-kill-", dir="/tmp")
-    env = {**os.environ, "RLCKPT_TEST_HOLD_SAVE": f"4:{held}"}
-    cmd = [sys.executable, "-m", "rlckpt.cli.main", "train", "--run-dir", run_dir, "--steps", "6",
-           "--save-every", "2", "--json", "--ray-temp-dir", ray_dir]
+    cmd = [sys.executable, "-m", "rlckpt.testing.held_train", "4", str(held),  # `rlckpt train`, save 4 held
+           "train", "--run-dir", run_dir, "--steps", "6", "--save-every", "2", "--json", "--ray-temp-dir", ray_dir]
     log = tmp_path / "killed-run.log"  # a file, not a pipe: a full pipe would stall the run
     with open(log, "wb") as sink:
-        proc = subprocess.Popen(cmd, env=env, stdout=sink, stderr=sink, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=sink, start_new_session=True)
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while not held.exists():

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlckpt.replay import DataPlaneCheckpointBarrier
+from rlckpt.replay import barrier as barrier_module
 
 
 def run(coro):
@@ -157,20 +158,61 @@ def test_an_exception_inside_a_checkpoint_releases_it():
     run(main())
 
 
-def test_records_one_wait_per_mutation_and_one_window_per_checkpoint():
+class StepClock:
+    """A perf_counter that moves only when the test says so: recorded durations become exact."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_records_one_wait_per_mutation_and_one_window_per_checkpoint(monkeypatch):
+    clock = StepClock()
+    monkeypatch.setattr(barrier_module, "time", clock)
+
     async def main():
         barrier = DataPlaneCheckpointBarrier()
         for _ in range(3):
             async with barrier.mutation():
                 pass
         async with barrier.checkpoint():
-            pass
+            clock.now += 4.0
         stats = barrier.stats()
         assert len(stats.mutation_waits) == 3
         assert len(stats.checkpoint_windows) == 1 and len(stats.checkpoint_waits) == 1
-        assert all(w >= 0 for w in stats.mutation_waits + stats.checkpoint_windows)
+        assert stats.mutation_waits == [0.0, 0.0, 0.0]  # nothing held: no wait
+        assert stats.checkpoint_windows == [4.0]  # grant to release, as the clock moved inside
         barrier.reset_stats()
         assert barrier.stats().mutation_waits == []
+
+    run(main())
+
+
+def test_a_mutation_queued_behind_a_window_records_its_wait_until_the_release(monkeypatch):
+    clock = StepClock()
+    monkeypatch.setattr(barrier_module, "time", clock)
+
+    async def main():
+        barrier = DataPlaneCheckpointBarrier()
+        entered = asyncio.Event()
+
+        async def mutation():
+            async with barrier.mutation():
+                entered.set()
+
+        async with barrier.checkpoint():  # window opens at t=100
+            clock.now = 103.0
+            task = asyncio.create_task(mutation())  # asks at t=103
+            await settle()
+            assert not entered.is_set()
+            clock.now = 110.0  # the window is released at t=110
+        await task
+        stats = barrier.stats()
+        assert stats.mutation_waits == [7.0]  # from its request at 103 to the release at 110
+        assert stats.checkpoint_windows == [10.0]
+        assert stats.checkpoint_waits == [0.0]
 
     run(main())
 

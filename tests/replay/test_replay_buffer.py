@@ -9,7 +9,12 @@ import pytest
 import torch
 
 from rlckpt.dataplane import InMemoryDataPlane
-from rlckpt.errors import DataPlaneError, InventoryMismatchError, ReplayError, ReplayStateError
+from rlckpt.errors import (
+    DataPlaneError,
+    InventoryMismatchError,
+    ReplayError,
+    ReplayStateError,
+)
 from rlckpt.replay import DataPlaneCheckpointBarrier, ReplayBuffer
 
 P = "rollouts"
@@ -20,9 +25,13 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def make(plane=None, **kw) -> ReplayBuffer:
+def make(plane=None, *, partition_id=P, group_size=G, **kw) -> ReplayBuffer:
     return ReplayBuffer(
-        plane or InMemoryDataPlane(), DataPlaneCheckpointBarrier(), partition_id=P, group_size=G, **kw
+        plane or InMemoryDataPlane(),
+        DataPlaneCheckpointBarrier(),
+        partition_id=partition_id,
+        group_size=group_size,
+        **kw,
     )
 
 
@@ -95,13 +104,27 @@ def test_a_failed_commit_rolls_back_the_rows_and_keeps_the_reservation():
     run(main())
 
 
+class PausingAfterPutPlane(InMemoryDataPlane):
+    """Writes the rows, then waits (forever, unless cancelled): a cancellation lands after the write."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = asyncio.Event()
+
+    async def put_samples(self, partition_id, keys, fields, tags=None):
+        await super().put_samples(partition_id, keys, fields, tags)
+        self.written.set()
+        await asyncio.Event().wait()
+
+
 def test_a_cancelled_commit_rolls_back_and_releases_the_barrier():
     async def main():
-        plane = InMemoryDataPlane(latency=0.05)
+        plane = PausingAfterPutPlane()
         buf = make(plane)
         gid = buf.reserve(0)
         task = asyncio.create_task(buf.commit(gid, group_rows(1), start_weight=0, end_weight=0))
-        await asyncio.sleep(0.01)
+        await plane.written.wait()
+        assert len(await plane.list_sample_ids(P)) == G  # the rows are in the data plane when it lands
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -242,16 +265,10 @@ def saved_buffer() -> tuple[ReplayBuffer, dict]:
     return run(main())
 
 
-def load_kwargs(state: dict, **over) -> dict:
-    kw = dict(expected_digest=state["digest"], expected_partition=P, expected_group_size=G, max_groups=None)
-    kw.update(over)
-    return kw
-
-
 def test_state_dict_round_trip_restores_groups_pending_reservations_and_digest():
     buf, state = saved_buffer()
     restored = make()
-    restored.load_state_dict(copy.deepcopy(state), **load_kwargs(state))
+    restored.load_state_dict(copy.deepcopy(state), expected_digest=state["digest"])
     assert restored.groups() == buf.groups()
     assert [g.target_step for g in restored.pending_groups()] == [1]
     assert restored.metadata_state_dict() == state
@@ -270,38 +287,38 @@ def test_digest_changes_when_any_group_field_changes():
     tampered = copy.deepcopy(state)
     tampered["groups"][0]["start_weight"] = 5
     with pytest.raises(ReplayStateError, match="recorded digest"):
-        make().load_state_dict(tampered, **load_kwargs(state))
+        make().load_state_dict(tampered, expected_digest=state["digest"])
 
 
 def test_load_refuses_an_unexpected_digest():
     _, state = saved_buffer()
     with pytest.raises(ReplayStateError, match="expected digest"):
-        make().load_state_dict(state, **load_kwargs(state, expected_digest="0" * 64))
+        make().load_state_dict(state, expected_digest="0" * 64)
 
 
 def test_load_refuses_another_partition():
     _, state = saved_buffer()
     with pytest.raises(ReplayStateError, match="partition"):
-        make().load_state_dict(state, **load_kwargs(state, expected_partition="other"))
+        make(partition_id="other").load_state_dict(state, expected_digest=state["digest"])
 
 
 def test_load_refuses_another_group_size():
     _, state = saved_buffer()
     with pytest.raises(ReplayStateError, match="group size"):
-        make().load_state_dict(state, **load_kwargs(state, expected_group_size=G + 1))
+        make(group_size=G + 1).load_state_dict(state, expected_digest=state["digest"])
 
 
 def test_load_refuses_more_groups_than_max_groups():
     _, state = saved_buffer()
     with pytest.raises(ReplayStateError, match="max_groups"):
-        make().load_state_dict(state, **load_kwargs(state, max_groups=2))
+        make(max_groups=2).load_state_dict(state, expected_digest=state["digest"])
 
 
 def test_load_refuses_another_schema_version():
     _, state = saved_buffer()
     state = dict(state, schema_version=99)
     with pytest.raises(ReplayStateError, match="schema"):
-        make().load_state_dict(state, **load_kwargs(state))
+        make().load_state_dict(state, expected_digest=state["digest"])
 
 
 def test_load_requires_an_empty_buffer():
@@ -309,13 +326,13 @@ def test_load_requires_an_empty_buffer():
     buf = make()
     buf.reserve(0)
     with pytest.raises(ReplayStateError, match="not empty"):
-        buf.load_state_dict(state, **load_kwargs(state))
+        buf.load_state_dict(state, expected_digest=state["digest"])
 
 
 def test_load_never_writes_to_the_data_plane():
     _, state = saved_buffer()
     plane = InMemoryDataPlane()
-    make(plane).load_state_dict(state, **load_kwargs(state))
+    make(plane).load_state_dict(state, expected_digest=state["digest"])
     assert not plane.touched and plane.store.is_empty()
 
 

@@ -1,7 +1,7 @@
 """`rlckpt bench barrier`: how long finished rollouts stall at commit while a save holds the window.
 
 For each data-plane size the benchmark fills TransferQueue through the replay buffer, then for each
-destination × mode runs a rollout pump (fixed commit rate, oldest groups trimmed) and a save every
+destination × upload timing runs a rollout pump (fixed commit rate, oldest groups trimmed) and a save every
 ``save_gap_s`` seconds through the real ``save_bundle``. Per point it reports each commit's wait
 at the barrier (outside saves, during saves, and for the commits that arrived while the window was
 held), the window length, TransferQueue's own snapshot time and the whole save's time.
@@ -17,14 +17,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlckpt.bench.blob_trainer import BlobTrainer
 from rlckpt.bench.destinations import Destination
-from rlckpt.bench.policy import BlobPolicy
 from rlckpt.bench.pump import RolloutPump
 from rlckpt.bench.rows import MiB, RowShape
 from rlckpt.bench.stats import Summary, summarize
 from rlckpt.bench.timed_barrier import MutationEvent, TimedBarrier, WindowEvent
 from rlckpt.bench.timed_plane import TimedDataPlane
-from rlckpt.checkpoint.save import SaveMode, SaveParticipants, save_bundle
+from rlckpt.checkpoint.save import SaveParticipants, UploadTiming, save_bundle
 from rlckpt.dataplane.base import DataPlaneClient
 from rlckpt.replay import ReplayBuffer
 from rlckpt.store import BundleStore
@@ -39,10 +39,10 @@ STALL_RESOLUTION_MS = 1.0
 
 @dataclass
 class BarrierConfig:
-    """One sweep: sizes × destinations (given separately) × modes, and the pump/save cadence."""
+    """One sweep: sizes × destinations (given separately) × upload timings, and the pump/save cadence."""
 
     sizes_mib: list[float] = field(default_factory=lambda: [16.0, 64.0, 256.0])
-    modes: list[SaveMode] = field(default_factory=lambda: ["inline", "staged"])
+    upload_timings: list[UploadTiming] = field(default_factory=lambda: ["inline", "staged"])
     saves: int = 3
     save_gap_s: float = 2.0  # idle time between the end of one save and the start of the next
     warmup_s: float = 1.0
@@ -76,11 +76,11 @@ class SaveRecord:
 
 @dataclass
 class PointResult:
-    """Everything measured at one size × destination × mode."""
+    """Everything measured at one size × destination × upload timing."""
 
     size_mib: float
     destination: str
-    mode: str
+    upload_timing: str
     groups: int
     rows: int
     data_plane_bytes: int
@@ -143,33 +143,34 @@ def classify_commit_waits(
 async def run_point(
     replay: ReplayBuffer,
     barrier: TimedBarrier,
-    data_plane: DataPlaneClient,
+    timed: TimedDataPlane,
     pump: RolloutPump,
     *,
     config: BarrierConfig,
     size_mib: float,
     destination: Destination,
-    mode: SaveMode,
-    policy: BlobPolicy,
+    upload_timing: UploadTiming,
+    trainer: BlobTrainer,
     keepalive: list[Any] | None = None,
 ) -> PointResult:
     """Pump rollouts, save ``config.saves`` times, and summarize what the commits waited.
+
+    ``replay`` indexes rows through ``timed`` and guards them with ``barrier``: the save reads the
+    listing and snapshot times from the one and the window from the other.
 
     The store is appended to ``keepalive`` so the caller can drop it after its event loop has
     ended: s3fs closing a filesystem that is garbage-collected while an asyncio loop runs in
     this thread schedules the close on the wrong loop and logs an error.
     """
-    store = BundleStore(destination.run_url(f"barrier-{size_mib:g}MiB-{mode}"), destination.storage_options)
+    store = BundleStore(destination.run_url(f"barrier-{size_mib:g}MiB-{upload_timing}"), destination.storage_options)
     if keepalive is not None:
         keepalive.append(store)
-    timed = TimedDataPlane(data_plane)
     parts = SaveParticipants(
         store=store,
-        policy=policy,
+        policy=trainer,
         replay=replay,
-        data_plane=timed,  # type: ignore[arg-type]  # a pass-through proxy
         capture_loader_state=lambda: {"bench": True},
-        run_mode="async",
+        rollout_order="async",
         staging_root=config.staging_root,
         compress_data_plane=config.compress,
         keep_last=1,
@@ -189,7 +190,7 @@ async def run_point(
                 break
             t0 = time.perf_counter()
             windows_before = len(barrier.window_events)
-            report = await save_bundle(parts, step, mode=mode)
+            report = await save_bundle(parts, step, upload_timing=upload_timing)
             save_bounds.append((t0, time.perf_counter()))
             window = barrier.window_events[windows_before]
             c = timed.calls
@@ -220,7 +221,7 @@ async def run_point(
     return PointResult(
         size_mib=size_mib,
         destination=destination.name,
-        mode=mode,
+        upload_timing=upload_timing,
         groups=groups,
         rows=groups * config.shape.group_size,
         data_plane_bytes=groups * config.shape.group_bytes,
@@ -242,21 +243,22 @@ async def run_size(
     on_point: Callable[[PointResult], None] = lambda p: None,
     keepalive: list[Any] | None = None,
 ) -> list[PointResult]:
-    """Fill an empty data plane to ``size_mib`` and run every destination × mode on it."""
+    """Fill an empty data plane to ``size_mib`` and run every destination × upload timing on it."""
     barrier = TimedBarrier()
-    replay = ReplayBuffer(data_plane, barrier, partition_id=PARTITION, group_size=config.shape.group_size)
+    timed = TimedDataPlane(data_plane)  # a pass-through proxy: times the save's listing and snapshot
+    replay = ReplayBuffer(timed, barrier, partition_id=PARTITION, group_size=config.shape.group_size)
     keep = config.shape.groups_for(size_mib)
     pump = RolloutPump(replay, config.shape, rate=config.commit_rate, keep_groups=keep)
     t = time.perf_counter()
     await pump.fill(keep)
     logger.info("filled %d groups (%.1f MiB) in %.1fs", keep, keep * config.shape.group_bytes / MiB, time.perf_counter() - t)
-    policy = BlobPolicy(int(config.policy_mib * MiB))
+    trainer = BlobTrainer(int(config.policy_mib * MiB))
     results = []
     for destination in destinations:
-        for mode in config.modes:
+        for upload_timing in config.upload_timings:
             point = await run_point(
-                replay, barrier, data_plane, pump,
-                config=config, size_mib=size_mib, destination=destination, mode=mode, policy=policy,
+                replay, barrier, timed, pump,
+                config=config, size_mib=size_mib, destination=destination, upload_timing=upload_timing, trainer=trainer,
                 keepalive=keepalive,
             )
             on_point(point)
@@ -302,8 +304,8 @@ class TargetCheck:
     detail: str
 
 
-def _find(points: Sequence[PointResult], size: float, dest: str, mode: str) -> PointResult | None:
-    return next((p for p in points if p.size_mib == size and p.destination == dest and p.mode == mode), None)
+def _find(points: Sequence[PointResult], size: float, dest: str, timing: str) -> PointResult | None:
+    return next((p for p in points if p.size_mib == size and p.destination == dest and p.upload_timing == timing), None)
 
 
 def _floored(ms: float) -> float:
@@ -335,7 +337,7 @@ def evaluate_targets(points: Sequence[PointResult]) -> list[TargetCheck]:
                     f"inline {inline.commits_during_save.p99_ms:.1f} ms vs staged {staged.commits_during_save.p99_ms:.1f} ms",
                 ))
     for p in points:
-        if p.mode != "staged" or not p.saves:
+        if p.upload_timing != "staged" or not p.saves:
             continue
         worst = max(p.saves, key=lambda s: s.window_minus_snapshot_ms)
         checks.append(TargetCheck(

@@ -26,7 +26,7 @@ def _ms(value: float) -> str:
 def barrier_table(points: Sequence[PointResult]) -> str:
     """One markdown row per point: stalls (ms), window vs snapshot (ms), save and upload (s), bytes."""
     header = (
-        "| data plane | destination | mode | commits idle p99 | during save p50 / p99 / max | "
+        "| data plane | destination | upload timing | commits idle p99 | during save p50 / p99 / max | "
         "longest window | its TQ snapshot | window − snapshot median / worst | upload (max) | save total (max) | written |\n"
         "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
@@ -37,7 +37,7 @@ def barrier_table(points: Sequence[PointResult]) -> str:
         total = max(s.total_s for s in p.saves) if p.saves else 0.0
         written = max(s.bytes_written for s in p.saves) / MiB if p.saves else 0.0
         lines.append(
-            f"| {p.data_plane_bytes / MiB:.0f} MiB | {p.destination} | {p.mode} | {_ms(p.commits_idle.p99_ms)} ms | "
+            f"| {p.data_plane_bytes / MiB:.0f} MiB | {p.destination} | {p.upload_timing} | {_ms(p.commits_idle.p99_ms)} ms | "
             f"{_ms(d.p50_ms)} / {_ms(d.p99_ms)} / {_ms(d.max_ms)} ms | {_ms(p.window_ms)} ms | {_ms(p.snapshot_ms)} ms | "
             f"{p.window_excess_median_ms:+.1f} / {p.window_excess_ms:+.1f} ms | {upload:.2f} s | {total:.2f} s | {written:.0f} MiB |"
         )
@@ -55,26 +55,26 @@ def targets_table(checks: Sequence[TargetCheck]) -> str:
 
 
 def barrier_plot(points: Sequence[PointResult], path: Path) -> Path:
-    """PNG: p99 and max commit stall during saves vs data-plane size, one line per mode × destination."""
+    """PNG: p99 and max commit stall during saves vs data-plane size, one line per upload timing × destination."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    keys = sorted({(p.mode, p.destination) for p in points})
-    for mode, dest in keys:
-        series = sorted((p for p in points if p.mode == mode and p.destination == dest), key=lambda p: p.size_mib)
+    keys = sorted({(p.upload_timing, p.destination) for p in points})
+    for timing, dest in keys:
+        series = sorted((p for p in points if p.upload_timing == timing and p.destination == dest), key=lambda p: p.size_mib)
         sizes = [p.data_plane_bytes / MiB for p in series]
-        style = "-" if mode == "staged" else "--"
+        style = "-" if timing == "staged" else "--"
         marker = {"local": "o", "s3-moto": "s", "s3-rgw": "^"}.get(dest, "x")
         for ax, metric in zip(axes, ("p99_ms", "max_ms"), strict=True):
             values = [max(getattr(p.commits_during_save, metric), 0.01) for p in series]
-            ax.plot(sizes, values, style, marker=marker, label=f"{mode} · {dest}")
+            ax.plot(sizes, values, style, marker=marker, label=f"{timing} · {dest}")
     snapshots = sorted(
         (p.data_plane_bytes / MiB, 1e3 * statistics.median(s.snapshot_s for s in p.saves),
          1e3 * max(s.snapshot_s for s in p.saves))
-        for p in points if p.mode == "staged" and p.saves and p.destination == "local"
+        for p in points if p.upload_timing == "staged" and p.saves and p.destination == "local"
     )
     if snapshots:
         for ax in axes:

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from rlckpt.bench.barrier import PARTITION
+from rlckpt.bench.blob_trainer import BlobTrainer
 from rlckpt.bench.destinations import Destination
-from rlckpt.bench.policy import BlobPolicy
 from rlckpt.bench.pump import RolloutPump
 from rlckpt.bench.rows import MiB, RowShape
 from rlckpt.checkpoint.phase import RestorePhase
@@ -86,10 +86,10 @@ def _dir_bytes(root: Path) -> int:
 class _Bench:
     """State shared by the repetitions: the replay index and the current data-plane client."""
 
-    def __init__(self, replay: ReplayBuffer, policy: BlobPolicy, config: SaveRestoreConfig,
+    def __init__(self, replay: ReplayBuffer, trainer: BlobTrainer, config: SaveRestoreConfig,
                  connect: Callable[[], DataPlaneClient], reset: Callable[[], None]) -> None:
         self.replay = replay
-        self.policy = policy
+        self.trainer = trainer
         self.config = config
         self.connect = connect
         self.reset = reset
@@ -101,11 +101,11 @@ class _Bench:
 
     async def rlckpt_save(self, store: BundleStore, step: int, result: SaveRestoreResult) -> None:
         parts = SaveParticipants(
-            store=store, policy=self.policy, replay=self.replay, data_plane=self.replay.data_plane,
-            capture_loader_state=lambda: {"bench": True}, run_mode="async",
+            store=store, policy=self.trainer, replay=self.replay,
+            capture_loader_state=lambda: {"bench": True}, rollout_order="async",
             staging_root=self.config.staging_root, compress_data_plane=self.config.compress, keep_last=1,
         )
-        report = await save_bundle(parts, step, mode="staged")
+        report = await save_bundle(parts, step, upload_timing="staged")
         result.save_s.append(report.total_s)
         result.save_window_s.append(report.window_s)
         result.save_upload_s.append(report.upload_s)
@@ -120,7 +120,7 @@ class _Bench:
                 await self.replay.data_plane.save_checkpoint(snap, metadata={"bench": "raw"})
             result.raw_snapshot_s.append(time.perf_counter() - t)
             result.snapshot_bytes = _dir_bytes(snap)
-            blob = await self.policy.state_bytes()
+            blob = await self.trainer.state_bytes()
             t = time.perf_counter()
             await run_blocking(_raw_put, fs, snap, raw_url, blob)
             result.raw_copy_s.append(time.perf_counter() - t)
@@ -129,7 +129,7 @@ class _Bench:
         client = await self.fresh_client()
         t = time.perf_counter()
         restored = await restore_run(
-            store, trainer=self.policy, bootstrap=client, phase=RestorePhase(), staging_root=self.config.staging_root
+            store, trainer=self.trainer, bootstrap=client, phase=RestorePhase(), staging_root=self.config.staging_root
         )
         result.restore_s.append(time.perf_counter() - t)
         if restored is None:
@@ -142,7 +142,7 @@ class _Bench:
             t = time.perf_counter()
             blob = await run_blocking(_raw_get, fs, raw_url, staging / "data_plane")
             result.raw_download_s.append(time.perf_counter() - t)
-            self.policy.load_state_bytes(blob)
+            self.trainer.load_state_bytes(blob)
             client = await self.fresh_client()
             t = time.perf_counter()
             await client.load_checkpoint(staging / "data_plane")
@@ -180,8 +180,8 @@ async def run_destinations(
                           group_size=config.shape.group_size)
     groups = config.shape.groups_for(config.size_mib)
     await RolloutPump(replay, config.shape, rate=1.0, keep_groups=groups).fill(groups)
-    policy = BlobPolicy(int(config.policy_mib * MiB))
-    bench = _Bench(replay, policy, config, connect, reset)
+    trainer = BlobTrainer(int(config.policy_mib * MiB))
+    bench = _Bench(replay, trainer, config, connect, reset)
     results = []
     for destination in destinations:
         result = SaveRestoreResult(destination.name, groups * config.shape.group_bytes, int(config.policy_mib * MiB), 0, 0)

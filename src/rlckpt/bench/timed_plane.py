@@ -2,7 +2,8 @@
 
 The save path reports the window and TransferQueue's snapshot; this proxy splits the rest of the
 window into the inventory listing and everything else, so a window longer than the snapshot can
-be attributed. Only the save sees the proxy; the replay buffer keeps the real client.
+be attributed. The replay buffer indexes rows through the proxy, so the save (which snapshots the
+replay buffer's data plane) goes through it too; every other call is passed straight on.
 """
 
 from __future__ import annotations

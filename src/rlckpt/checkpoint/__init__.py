@@ -1,1 +1,1 @@
-"""The save and restore procedures of a whole run bundle: ARCHITECTURE's orderings, in one place."""
+"""The save and restore procedures of a whole run bundle: the orderings of docs/architecture.md, in one place."""

@@ -11,6 +11,9 @@ DATA_PLANE_METADATA = f"{DATA_PLANE_DIR}/metadata.json"  # TQ writes it; JSON, s
 # Keys of the manifest's user metadata that restore checks before loading anything.
 META_INDEX_DIGEST = "index_digest"
 META_GROUP_COUNT = "group_count"
-META_MODE = "mode"
+META_ROLLOUT_ORDER = "rollout_order"  # the run's: "in_order" or "async" (`rlckpt train --mode`)
+META_UPLOAD_TIMING = "upload_timing"  # the save's: "staged" or "inline" (recorded, never checked)
 META_FORMAT = "rlckpt_run_format"
-RUN_FORMAT = 1
+# 2: the rollout order and the upload timing are recorded under the keys above (1 said "mode" and
+# "save_mode"); restore refuses any other format.
+RUN_BUNDLE_FORMAT = 2

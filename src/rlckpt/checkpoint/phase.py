@@ -1,8 +1,9 @@
-"""The restore phase: makes ARCHITECTURE's restore order an assertion instead of a habit.
+"""The restore phase: makes the restore order (docs/architecture.md, Restore) an assertion.
 
-The bootstrap data-plane client must restore TransferQueue before any connect-only client or
-replay buffer exists; the reference relied on statement order for that. Builders of those
-objects call ``require_ready`` and raise RestoreOrderError when the restore has not finished.
+The bootstrap data-plane client must restore TransferQueue (restore step 3) before any
+connect-only client or replay buffer exists (step 4); the order of statements in a setup function
+is not enough to keep it. Builders of those objects call ``require_ready`` and raise
+RestoreOrderError when the restore has not finished.
 """
 
 from __future__ import annotations
@@ -72,5 +73,5 @@ class RestorePhase:
         if not self.ready:
             raise RestoreOrderError(
                 f"cannot build {what} while the restore phase is {self.state.value!r}: the bootstrap "
-                "client must finish restoring TransferQueue first (ARCHITECTURE: restore step 3 before 4)"
+                "client must finish restoring TransferQueue first (docs/architecture.md, restore step 3 before 4)"
             )

@@ -1,15 +1,16 @@
-"""The restore procedure (driver side, once, before the controller actor exists).
+"""The restore procedure (driver side, once, before the controller actor exists): restore steps
+1–3 of docs/architecture.md.
 
 1. pick the newest committed bundle; the store checks marker → manifest digest → listing
 2. fetch every piece, verifying every digest (policy, loader, replay index into memory,
-   ``data_plane/`` into local staging) — nothing is deserialized before this is done
-3. pairing check: the manifest, TransferQueue's ``metadata.json`` and the replay index must name
-   the same index digest (a sidecar/data-plane pair from different saves is refused here)
-4. trainer state and dataloader position
-5. the bootstrap data-plane client loads the snapshot → the metadata it was saved with
+   ``data_plane/`` into local staging); check the run-bundle format, the rollout order and the
+   pairing: the manifest, TransferQueue's ``metadata.json`` and the replay index must name the
+   same index digest (a sidecar/data-plane pair from different saves is refused here)
+3. trainer state and dataloader position; then the bootstrap data-plane client loads the
+   snapshot → the metadata it was saved with
 
-The restore phase moves NOT_STARTED → RESTORING → RESTORED (or FAILED) around 4–5, so the
-connect-only client and the replay buffer can only be built afterwards (controller.setup).
+The restore phase moves NOT_STARTED → RESTORING → RESTORED (or FAILED) around 3, so the
+connect-only client and the replay buffer can only be built afterwards (step 4, controller.setup).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rlckpt.checkpoint import codec, layout
-from rlckpt.checkpoint.staging import staging_dir
 from rlckpt.checkpoint.phase import RestorePhase
+from rlckpt.checkpoint.staging import staging_dir
 from rlckpt.dataplane.base import DataPlaneClient
 from rlckpt.dataplane.snapshot_metadata import read_snapshot_metadata
 from rlckpt.dataplane.threads import run_blocking
@@ -58,10 +59,6 @@ class RestoredRun:
     def group_count(self) -> int:
         return int(self.data_plane_metadata[layout.META_GROUP_COUNT])
 
-    @property
-    def mode(self) -> str:
-        return str(self.data_plane_metadata[layout.META_MODE])
-
 
 @dataclass
 class _FetchedPieces:
@@ -80,7 +77,7 @@ async def restore_run(
     bootstrap: DataPlaneClient,
     phase: RestorePhase,
     staging_root: str | None = None,
-    expected_mode: str | None = None,
+    expected_rollout_order: str | None = None,
 ) -> RestoredRun | None:
     """Restore the newest committed bundle, or mark the run fresh and return None if there is none."""
     started = time.perf_counter()
@@ -93,12 +90,12 @@ async def restore_run(
     logger.info("restoring step %d from %s", step, store.url)
     with staging_dir(staging_root, prefix=f"rlckpt-restore{step}-") as staging:
         pieces = await run_blocking(_fetch_verified, bundle, staging)  # 2
-        replay_state = _check_pairing(bundle.manifest, pieces, expected_mode)  # 3
+        replay_state = _check_pairing(bundle.manifest, pieces, expected_rollout_order)  # 2
         phase.begin_restore(step)
         try:
-            trainer.load_state_bytes(pieces.policy)  # 4
+            trainer.load_state_bytes(pieces.policy)  # 3
             loader_state = codec.loads(pieces.loader, origin=f"step {step}: {layout.LOADER_FILE}")
-            metadata = await bootstrap.load_checkpoint(pieces.snapshot_dir)  # 5
+            metadata = await bootstrap.load_checkpoint(pieces.snapshot_dir)  # 3: TQ restored
             if metadata.get(layout.META_INDEX_DIGEST) != replay_state["digest"]:
                 raise CorruptBundleError(
                     f"step {step}: the data plane loaded a snapshot for index "
@@ -125,15 +122,14 @@ def _fetch_verified(bundle: Bundle, staging: Path) -> _FetchedPieces:
     )
 
 
-def _check_pairing(manifest: Manifest, pieces: _FetchedPieces, expected_mode: str | None) -> dict[str, Any]:
-    """Refuse a bundle whose replay index and data-plane snapshot come from different saves."""
+def _check_pairing(
+    manifest: Manifest, pieces: _FetchedPieces, expected_rollout_order: str | None
+) -> dict[str, Any]:
+    """Refuse a bundle of another run-bundle format, of another rollout order, or whose replay
+    index and data-plane snapshot come from different saves."""
     step = manifest.step
     meta = manifest.metadata
-    if meta.get(layout.META_FORMAT) != layout.RUN_FORMAT:
-        raise CheckpointError(
-            f"step {step}: manifest metadata has run format {meta.get(layout.META_FORMAT)!r}, "
-            f"this rlckpt reads {layout.RUN_FORMAT} (not a bundle written by `rlckpt train`?)"
-        )
+    _check_run_bundle_format(step, meta.get(layout.META_FORMAT))
     manifest_digest = meta.get(layout.META_INDEX_DIGEST)
     try:
         snapshot_meta = read_snapshot_metadata(pieces.snapshot_dir)
@@ -150,9 +146,27 @@ def _check_pairing(manifest: Manifest, pieces: _FetchedPieces, expected_mode: st
             f"manifest names index {manifest_digest}, {layout.DATA_PLANE_METADATA} names {snapshot_digest}, "
             f"{layout.REPLAY_FILE} holds {replay_digest}; refusing to load anything"
         )
-    if expected_mode is not None and meta.get(layout.META_MODE) != expected_mode:
+    saved_order = meta.get(layout.META_ROLLOUT_ORDER)
+    if expected_rollout_order is not None and saved_order != expected_rollout_order:
         raise CheckpointError(
-            f"step {step}: bundle was saved in mode {meta.get(layout.META_MODE)!r}, this run asks for "
-            f"{expected_mode!r}; resume with --mode {meta.get(layout.META_MODE)}"
+            f"step {step}: bundle was saved with rollout order {saved_order!r}, this run asks for "
+            f"{expected_rollout_order!r}; resume with --mode {saved_order}"
         )
     return replay_state
+
+
+def _check_run_bundle_format(step: int, found: Any) -> None:
+    """CheckpointError naming both formats unless the manifest metadata is of RUN_BUNDLE_FORMAT."""
+    if found == layout.RUN_BUNDLE_FORMAT:
+        return
+    if isinstance(found, int) and 0 < found < layout.RUN_BUNDLE_FORMAT:
+        why = (
+            f"an older rlckpt wrote it (format {found} names the rollout order 'mode'); resume it with "
+            "that version, or start a new run dir"
+        )
+    else:
+        why = "not a bundle written by `rlckpt train`?"
+    raise CheckpointError(
+        f"step {step}: manifest metadata has run-bundle format {found!r}, this rlckpt reads format "
+        f"{layout.RUN_BUNDLE_FORMAT} ({why})"
+    )

@@ -1,4 +1,4 @@
-"""The save procedure of one run bundle, in ARCHITECTURE's order.
+"""The save procedure of one run bundle, in the order of docs/architecture.md (Save).
 
 1. begin transaction (the store records the write-ahead intent before any data byte)
 2. policy weights + optimizer
@@ -10,13 +10,14 @@
    ``train_dataloader.pt`` and ``replay_buffer_metadata.pt``
 5. manifest with digests → COMMIT → retention
 
-Deviation from ARCHITECTURE step 2, on purpose: the dataloader position is *captured* inside the
-window (it is still written after it). In async mode the rollout pump draws prompts while the
-policy is written; captured before the window, a prompt drawn in between would be restored from
-the data plane *and* drawn again after resume.
+The dataloader position is *captured* inside the window (it is still written after it): with the
+async rollout order the rollout pump draws prompts while the policy is written, and a position
+captured before the window would let a prompt drawn in between be restored from the data plane
+*and* drawn again after resume (docs/design-notes.md, 1).
 
-``mode="inline"`` reproduces the reference design for the stall benchmark: the snapshot upload
-happens inside the window, so finished rollouts wait for the destination.
+``upload_timing="inline"`` digests and uploads the snapshot inside the window, so finished
+rollouts wait for the destination; the stall benchmark compares it with the default ``staged``
+(docs/architecture.md, Upload timing).
 """
 
 from __future__ import annotations
@@ -31,17 +32,20 @@ from typing import Any, Literal, Protocol
 
 from rlckpt.checkpoint import codec, layout
 from rlckpt.checkpoint.staging import staging_dir
-from rlckpt.dataplane.base import DataPlaneClient
+from rlckpt.dataplane.snapshot_metadata import update_snapshot_metadata
 from rlckpt.dataplane.threads import run_blocking
 from rlckpt.errors import CheckpointError
-from rlckpt.dataplane.snapshot_metadata import update_snapshot_metadata
 from rlckpt.replay import IndexCapture, ReplayBuffer
 from rlckpt.store import BundleStore, BundleTransaction
 from rlckpt.store.manifest import sha256_hex
 
 logger = logging.getLogger(__name__)
 
-SaveMode = Literal["staged", "inline"]
+# When the data-plane snapshot is digested and uploaded: after the window (staged, the default) or
+# inside it (inline, for comparison in the stall benchmark).
+UploadTiming = Literal["staged", "inline"]
+# Awaited with the step after every piece is written, just before COMMIT (crash tests hold a save there).
+SaveHook = Callable[[int], Awaitable[None]]
 
 
 class PolicyStateSource(Protocol):
@@ -56,15 +60,14 @@ class SaveParticipants:
 
     store: BundleStore
     policy: PolicyStateSource
-    replay: ReplayBuffer
-    data_plane: DataPlaneClient
+    replay: ReplayBuffer  # the data plane it indexes is the one snapshotted
     capture_loader_state: Callable[[], dict[str, Any]]
-    run_mode: str = "in_order"
+    rollout_order: str = "in_order"  # the run's (TrainConfig.rollout_order), recorded in the bundle
     staging_root: str | None = None
     compress_data_plane: bool | None = None  # None: zstd on object stores only (see data_plane_compression)
     keep_last: int | None = None
     extra_metadata: Mapping[str, Any] = field(default_factory=dict)
-    before_commit: Callable[[int], Awaitable[None]] | None = None  # crash tests hold a save here
+    before_commit: SaveHook | None = None
 
 
 @dataclass
@@ -80,15 +83,17 @@ class SaveReport:
     upload_s: float
     bytes_written: int
     group_count: int
-    mode: SaveMode
+    upload_timing: UploadTiming
 
 
-async def save_bundle(parts: SaveParticipants, step: int, *, mode: SaveMode = "staged") -> SaveReport:
+async def save_bundle(
+    parts: SaveParticipants, step: int, *, upload_timing: UploadTiming = "staged"
+) -> SaveReport:
     """Write and commit the bundle of ``step``; on any failure nothing is committed and it re-raises."""
     started = time.perf_counter()
     txn: BundleTransaction = await run_blocking(parts.store.begin, step)  # 1: intent recorded
     try:
-        report = await _write_and_commit(parts, txn, step, mode, started)
+        report = await _write_and_commit(parts, txn, step, upload_timing, started)
     except BaseException as exc:
         await _abort(txn, step, exc)
         raise
@@ -98,7 +103,7 @@ async def save_bundle(parts: SaveParticipants, step: int, *, mode: SaveMode = "s
 
 
 async def _write_and_commit(
-    parts: SaveParticipants, txn: BundleTransaction, step: int, mode: SaveMode, started: float
+    parts: SaveParticipants, txn: BundleTransaction, step: int, upload_timing: UploadTiming, started: float
 ) -> SaveReport:
     t = time.perf_counter()
     policy_bytes = await parts.policy.state_bytes()  # 2: policy
@@ -112,33 +117,38 @@ async def _write_and_commit(
             window_started = time.perf_counter()
             captured = parts.replay.capture_index()  # pointer copies; serialized after release
             loader_state = parts.capture_loader_state()  # same instant as the index: see module doc
+            data_plane = parts.replay.data_plane
             t = time.perf_counter()
             stored, _ = await asyncio.gather(  # both only read; nothing can write inside the window
-                parts.data_plane.list_sample_ids(parts.replay.partition_id),
-                parts.data_plane.save_checkpoint(snapshot_dir, metadata={"step": step, "mode": parts.run_mode}),
+                data_plane.list_sample_ids(parts.replay.partition_id),
+                data_plane.save_checkpoint(
+                    snapshot_dir, metadata={"step": step, layout.META_ROLLOUT_ORDER: parts.rollout_order}
+                ),
             )
             snapshot_s = time.perf_counter() - t
             parts.replay.validate_inventory(stored)  # a mismatch aborts the save: nothing is committed
             upload_s = 0.0
-            if mode == "inline":  # the reference design: digest and upload while rollouts wait
-                index, dp_metadata = _finish_snapshot(captured, snapshot_dir, step, parts.run_mode)
+            if upload_timing == "inline":  # digest and upload while rollouts wait (for comparison only)
+                index, dp_metadata = _finish_snapshot(captured, snapshot_dir, step, parts.rollout_order)
                 upload_s = await _upload_snapshot(txn, snapshot_dir, compression)
             window_s = time.perf_counter() - window_started
 
-        if mode == "staged":  # 4: outside the window, off the event loop (rollouts resume at once)
-            index, dp_metadata = await run_blocking(_finish_snapshot, captured, snapshot_dir, step, parts.run_mode)
+        if upload_timing == "staged":  # 4: outside the window, off the event loop (rollouts resume at once)
+            index, dp_metadata = await run_blocking(
+                _finish_snapshot, captured, snapshot_dir, step, parts.rollout_order
+            )
             upload_s = await _upload_snapshot(txn, snapshot_dir, compression)
         await run_blocking(txn.write_bytes, layout.LOADER_FILE, codec.dumps(loader_state))
     await run_blocking(txn.write_bytes, layout.REPLAY_FILE, codec.dumps(index))
 
     metadata = {
         **parts.extra_metadata,
-        layout.META_FORMAT: layout.RUN_FORMAT,
+        layout.META_FORMAT: layout.RUN_BUNDLE_FORMAT,
         layout.META_INDEX_DIGEST: dp_metadata[layout.META_INDEX_DIGEST],
         layout.META_GROUP_COUNT: dp_metadata[layout.META_GROUP_COUNT],
-        layout.META_MODE: parts.run_mode,
+        layout.META_ROLLOUT_ORDER: parts.rollout_order,
+        layout.META_UPLOAD_TIMING: upload_timing,
         "data_plane": dp_metadata,
-        "save_mode": mode,
     }
     if parts.before_commit is not None:
         await parts.before_commit(step)
@@ -153,7 +163,7 @@ async def _write_and_commit(
         upload_s=upload_s,
         bytes_written=manifest.total_size,
         group_count=dp_metadata[layout.META_GROUP_COUNT],
-        mode=mode,
+        upload_timing=upload_timing,
     )
     logger.info(
         "saved step %d: %d groups, %.1f MiB, window %.3fs (snapshot %.3fs), upload %.3fs, total %.3fs",
@@ -173,14 +183,14 @@ def data_plane_compression(store: BundleStore, wanted: bool | None) -> str | Non
 
 
 def _finish_snapshot(
-    captured: IndexCapture, snapshot_dir: Path, step: int, run_mode: str
+    captured: IndexCapture, snapshot_dir: Path, step: int, rollout_order: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Serialize and digest the captured index, and tie the staged snapshot to it by that digest."""
     index = captured.state_dict()
     dp_metadata = {
         layout.META_INDEX_DIGEST: index["digest"],
         layout.META_GROUP_COUNT: len(index["groups"]),
-        layout.META_MODE: run_mode,
+        layout.META_ROLLOUT_ORDER: rollout_order,
         "step": step,
         "partition_id": index["partition_id"],
     }
@@ -202,7 +212,7 @@ async def _abort(txn: BundleTransaction, step: int, cause: BaseException) -> Non
     logger.error("save of step %d failed (%s: %s); aborting, nothing is committed", step, type(cause).__name__, cause)
     try:
         await run_blocking(txn.abort)
-    except Exception:  # noqa: BLE001 - gc removes what an aborted writer could not
+    except Exception:  # logged, not raised: gc removes what an aborted writer could not
         logger.warning("abort of step %d failed; `rlckpt gc` will remove its debris", step, exc_info=True)
 
 
@@ -210,5 +220,5 @@ async def _retain(store: BundleStore, keep_last: int) -> None:
     """Retention after a successful commit; a failure here never un-commits the save."""
     try:
         await run_blocking(store.gc, keep_last=keep_last)
-    except Exception:  # noqa: BLE001
+    except Exception:  # logged, not raised: the save itself succeeded
         logger.warning("retention (keep_last=%d) failed; the new bundle is committed", keep_last, exc_info=True)

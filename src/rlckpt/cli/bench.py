@@ -14,10 +14,12 @@ DEFAULT_OUT_DIR = "benchmarks/results"
 BARRIER_EPILOG = """\
 what it does:
   Starts a private Ray cluster with TransferQueue, fills the data plane through the replay buffer
-  to each size, then for each destination x mode runs a rollout pump (RATE groups/s, oldest groups
-  trimmed so the size stays put) and saves every GAP seconds through rlckpt's real save path.
-  inline = TQ snapshot *and upload* inside the barrier window (the reference design);
-  staged = snapshot to local staging inside the window, upload after it (rlckpt's default).
+  to each size, then for each destination x upload timing runs a rollout pump (RATE groups/s,
+  oldest groups trimmed so the size stays put) and saves every GAP seconds through rlckpt's real
+  save path.
+  upload timings: inline = TQ snapshot *and upload* inside the barrier window (how the reference
+  implementation saves, see docs/architecture.md); staged = snapshot to local staging inside the
+  window, upload after it (rlckpt's default).
   Reports each commit's wait at the barrier (outside saves / during saves), the window, TQ's own
   snapshot time and the whole save; writes barrier_stall.{json,md,png} to --out-dir.
 
@@ -71,10 +73,11 @@ def _common_bench_args(parser: argparse.ArgumentParser) -> None:
 
 def _add_barrier(sub: Any) -> None:
     p = sub.add_parser("barrier", help="rollout commit stall while a save holds the barrier window",
-                       description="How long finished rollouts wait at commit while a checkpoint is saved, by data-plane size, destination and save mode.",
+                       description="How long finished rollouts wait at commit while a checkpoint is saved, by data-plane size, destination and upload timing.",
                        epilog=BARRIER_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=_float_csv, default=[16.0, 64.0, 256.0], metavar="MIB,...", help="data-plane sizes in MiB (default 16,64,256)")
-    p.add_argument("--modes", type=_csv, default=["inline", "staged"], metavar="LIST", help="save modes: inline,staged (default both)")
+    p.add_argument("--upload-timings", "--modes", dest="upload_timings", type=_csv, default=["inline", "staged"], metavar="LIST",
+                   help="when the snapshot is uploaded: inline,staged (default both; --modes is the old spelling)")
     p.add_argument("--saves", type=int, default=3, metavar="N", help="saves per point (default 3)")
     p.add_argument("--save-gap", type=float, default=2.0, metavar="SECONDS", help="idle time between saves (default 2.0)")
     p.add_argument("--rate", type=float, default=20.0, metavar="GROUPS_PER_S", help="commit rate of the rollout pump (default 20)")
@@ -125,19 +128,29 @@ def _check_destinations(args: argparse.Namespace) -> None:
 
 
 def run_barrier(args: argparse.Namespace) -> int:
-    from rlckpt.bench.barrier import BarrierConfig, evaluate_targets, result_document, run_sweep
+    from rlckpt.bench.barrier import (
+        BarrierConfig,
+        evaluate_targets,
+        result_document,
+        run_sweep,
+    )
     from rlckpt.bench.harness import destinations, private_transfer_queue, run_metadata
-    from rlckpt.bench.report import barrier_plot, barrier_table, targets_table, write_json
+    from rlckpt.bench.report import (
+        barrier_plot,
+        barrier_table,
+        targets_table,
+        write_json,
+    )
     from rlckpt.testing.tq import connect_client, reset_tq_state
 
     if args.replot:
         return _replot(args)
     _check_destinations(args)
-    bad = set(args.modes) - {"inline", "staged"}
+    bad = set(args.upload_timings) - {"inline", "staged"}
     if bad:
-        raise SystemExit(f"rlckpt bench barrier: unknown modes {sorted(bad)} (use inline, staged)")
+        raise SystemExit(f"rlckpt bench barrier: unknown upload timings {sorted(bad)} (use inline, staged)")
     config = BarrierConfig(
-        sizes_mib=[1.0, 2.0] if args.quick else args.sizes, modes=args.modes,
+        sizes_mib=[1.0, 2.0] if args.quick else args.sizes, upload_timings=args.upload_timings,
         saves=1 if args.quick else args.saves, save_gap_s=0.3 if args.quick else args.save_gap,
         warmup_s=0.2 if args.quick else 1.0, tail_s=0.2 if args.quick else 0.5,
         commit_rate=args.rate, policy_mib=1.0 if args.quick else args.policy_mib,
@@ -147,7 +160,7 @@ def run_barrier(args: argparse.Namespace) -> int:
 
     def show(p: Any) -> None:
         d = p.commits_during_save
-        print(f"  {p.size_mib:>6g} MiB  {p.destination:<8} {p.mode:<7} stall p99 {d.p99_ms:8.1f} ms  max {d.max_ms:8.1f} ms  "
+        print(f"  {p.size_mib:>6g} MiB  {p.destination:<8} {p.upload_timing:<7} stall p99 {d.p99_ms:8.1f} ms  max {d.max_ms:8.1f} ms  "
               f"window {p.window_ms:8.1f} ms  snapshot {p.snapshot_ms:8.1f} ms", file=sys.stderr)
 
     print("rlckpt bench barrier: starting Ray + TransferQueue ...", file=sys.stderr)

@@ -9,9 +9,12 @@ import signal
 import sys
 import tempfile
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlckpt.cli import _common
+
+if TYPE_CHECKING:
+    from rlckpt.checkpoint.save import SaveHook
 
 EPILOG = """\
 examples:
@@ -77,7 +80,8 @@ def _interrupt_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, *, before_commit: SaveHook | None = None) -> int:
+    """Run the main job; ``before_commit`` is awaited before each save's COMMIT (see setup_single_controller)."""
     from tqdm import tqdm
 
     from rlckpt.controller.config import TrainConfig
@@ -88,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         run_dir=args.run_dir,
         steps=args.steps,
         save_every=args.save_every,
-        mode=args.mode,
+        rollout_order=args.mode,
         max_staleness=args.max_staleness,
         fresh=args.fresh,
         storage_options=args.storage_options,
@@ -103,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     controller = None
     try:
         print("rlckpt train: starting TransferQueue and the controller ...", file=sys.stderr)
-        controller = setup_single_controller(config)
+        controller = setup_single_controller(config, before_commit=before_commit)
         start = controller.restored.step if controller.restored else 0
         if controller.restored:
             print(f"rlckpt train: resumed step {start} from {controller.store.url} "
@@ -131,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         stop_local_ray()
         if args.ray_temp_dir is None:  # ours: remove it; a user-given dir stays
             shutil.rmtree(ray_dir, ignore_errors=True)
-    result = {**asdict(summary), "bundles": bundles, "run_dir": config.run_dir, "mode": config.mode}
+    result = {**asdict(summary), "bundles": bundles, "run_dir": config.run_dir, "rollout_order": config.rollout_order}
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:

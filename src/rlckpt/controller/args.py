@@ -1,39 +1,44 @@
-"""SingleControllerActorArgs: everything the controller actor needs, built on the driver."""
+"""ControllerArgs: everything the controller loop is assembled from, built before it runs."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from rlckpt.checkpoint.restore import RestoredRun
+from rlckpt.checkpoint.save import SaveHook
 from rlckpt.controller.config import TrainConfig
-from rlckpt.controller.connect import ConnectOnlyDataPlane, ReplayBufferSpec
-from rlckpt.controller.handles import GeneratorHandle, TrainerHandle
+from rlckpt.controller.connect import ReplayBufferSpec
+from rlckpt.controller.handles import Generator, Trainer
 from rlckpt.controller.loop import LoopState
 from rlckpt.grpo import DigitSumTask, PromptLoader
 
 
 @dataclass
 class RestoredIndex:
-    """The data-plane checkpoint metadata read back during restore, plus the saved index itself."""
+    """The saved index and what the data-plane snapshot restored with it says about it."""
 
     step: int
     index_digest: str
     group_count: int
-    mode: str
     replay_state: dict[str, Any]
+
+    @classmethod
+    def from_run(cls, restored: RestoredRun) -> RestoredIndex:
+        return cls(restored.step, restored.index_digest, restored.group_count, restored.replay_state)
 
 
 @dataclass
-class SingleControllerActorArgs:
-    """The actor's __init__ stores this and constructs nothing; run() only connects the specs
-    (the data plane, and the store named by ``config.run_dir``: neither survives pickling)."""
+class ControllerArgs:
+    """Built on the driver (or by the in-process harness); holds no live connection, so it can
+    travel to the controller actor. The data plane and the store are connected where the loop runs."""
 
     config: TrainConfig
     task: DigitSumTask
     loader: PromptLoader  # position already restored
     loop_state: LoopState
-    trainer: TrainerHandle
-    generator: GeneratorHandle
-    data_plane: ConnectOnlyDataPlane
-    replay: ReplayBufferSpec
+    trainer: Trainer
+    generator: Generator
+    replay: ReplayBufferSpec  # built only once the restore phase was ready
     restored: RestoredIndex | None = None
+    before_commit: SaveHook | None = None  # must be picklable to reach the actor

@@ -8,7 +8,9 @@ from typing import Any, Literal
 from rlckpt.dataplane.tq_client import DEFAULT_TQ_CONFIG
 from rlckpt.grpo import GRPOConfig
 
-Mode = Literal["in_order", "async"]
+# How rollouts feed the trainer (`rlckpt train --mode`): in_order trains step k on the groups generated
+# with weights k (deterministic); async lets generation run ahead with bounded staleness.
+RolloutOrder = Literal["in_order", "async"]
 SaveFailure = Literal["stop", "continue"]
 
 
@@ -19,7 +21,7 @@ class TrainConfig:
     run_dir: str
     steps: int = 8  # train until this many steps are done (absolute, across resumes)
     save_every: int = 2
-    mode: Mode = "in_order"
+    rollout_order: RolloutOrder = "in_order"
     max_staleness: int = 1  # async: a batch is generated with weights at most this many steps old
     fresh: bool = False
     storage_options: dict[str, Any] | None = None
@@ -34,8 +36,8 @@ class TrainConfig:
     tq_config: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_TQ_CONFIG))
 
     def __post_init__(self) -> None:
-        if self.mode not in ("in_order", "async"):
-            raise ValueError(f"mode must be 'in_order' or 'async', got {self.mode!r}")
+        if self.rollout_order not in ("in_order", "async"):
+            raise ValueError(f"rollout_order must be 'in_order' or 'async', got {self.rollout_order!r}")
         if self.steps < 0 or self.save_every < 1:
             raise ValueError(f"steps must be >= 0 and save_every >= 1, got {self.steps}, {self.save_every}")
         if self.max_staleness < 0:
@@ -45,5 +47,5 @@ class TrainConfig:
 
     @property
     def max_ahead(self) -> int:
-        """How many steps the rollout pump may run ahead of the trainer (0 in in_order mode)."""
-        return 0 if self.mode == "in_order" else self.max_staleness
+        """How many steps the rollout pump may run ahead of the trainer (0 when in_order)."""
+        return 0 if self.rollout_order == "in_order" else self.max_staleness

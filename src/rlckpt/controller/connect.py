@@ -9,12 +9,18 @@ while the bootstrap client has not finished restoring TransferQueue.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from rlckpt.checkpoint.phase import RestorePhase
 from rlckpt.dataplane.base import DataPlaneClient
 from rlckpt.dataplane.tq_client import TransferQueueClient
 from rlckpt.replay import DataPlaneCheckpointBarrier, ReplayBuffer
+
+
+class DataPlaneSpec(Protocol):
+    """What crosses to the process that uses the data plane: it connects there."""
+
+    def connect(self) -> DataPlaneClient: ...
 
 
 @dataclass(frozen=True)
@@ -34,15 +40,10 @@ class ReplayBufferSpec:
 
     partition_id: str
     group_size: int
-    max_groups: int | None = None
 
     def build(self, data_plane: DataPlaneClient) -> ReplayBuffer:
         return ReplayBuffer(
-            data_plane,
-            DataPlaneCheckpointBarrier(),
-            partition_id=self.partition_id,
-            group_size=self.group_size,
-            max_groups=self.max_groups,
+            data_plane, DataPlaneCheckpointBarrier(), partition_id=self.partition_id, group_size=self.group_size
         )
 
 
@@ -52,9 +53,7 @@ def connect_only_data_plane(phase: RestorePhase, tq_config: dict[str, Any]) -> C
     return ConnectOnlyDataPlane(dict(tq_config))
 
 
-def replay_buffer_spec(
-    phase: RestorePhase, *, partition_id: str, group_size: int, max_groups: int | None = None
-) -> ReplayBufferSpec:
+def replay_buffer_spec(phase: RestorePhase, *, partition_id: str, group_size: int) -> ReplayBufferSpec:
     """The replay buffer; raises RestoreOrderError before the restore step has finished."""
     phase.require_ready("the replay buffer")
-    return ReplayBufferSpec(partition_id, group_size, max_groups)
+    return ReplayBufferSpec(partition_id, group_size)

@@ -32,7 +32,7 @@ class Generator(Protocol):
 class TrainerHandle:
     """The trainer worker's Ray actor handle (picklable: it travels to the controller actor)."""
 
-    worker: Any  # ray.actor.ActorHandle of controller.policy.TrainerWorker
+    worker: Any  # ray.actor.ActorHandle of controller.trainer_worker.TrainerWorker
 
     async def train_step(self, batch: TrainBatch) -> dict[str, float]:
         return await self.worker.train_step.remote(batch)

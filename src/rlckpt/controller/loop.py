@@ -6,7 +6,7 @@ replay buffer. Train pump: take the groups of step k → advantage stage (read r
 ``advantages`` onto the same keys) → train → remove the groups → sync weights → save every
 ``save_every`` steps and at the last step.
 
-Modes: ``in_order`` — batch k is generated with weights k and trained at step k (deterministic);
+Rollout orders: ``in_order`` — batch k is generated with weights k and trained at step k (deterministic);
 ``async`` — batch k may be generated with weights as old as k − max_staleness while the trainer
 works (bounded staleness). In both, every drawn prompt is trained exactly once, across restarts.
 """
@@ -15,21 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from rlckpt.checkpoint.save import SaveParticipants, SaveReport, save_bundle
+from rlckpt.checkpoint.save import SaveHook, SaveParticipants, SaveReport, save_bundle
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.handles import Generator, Trainer
-from rlckpt.dataplane.base import DataPlaneClient
 from rlckpt.errors import CheckpointError, LoaderStateError
-from rlckpt.grpo import DigitSumTask, Prompt, PromptLoader, TrainBatch, grouped_advantages
+from rlckpt.grpo import DigitSumTask, PromptLoader, TrainBatch, grouped_advantages
 from rlckpt.replay import ReplayBuffer
 from rlckpt.store import BundleStore
 
@@ -37,8 +33,6 @@ logger = logging.getLogger(__name__)
 
 ROW_ID_FIELDS = ("prompt_id", "sample_index", "weight_version", "draw_seq")
 LOADER_STATE_FORMAT = 1
-# Test hook (crash tests only): "STEP:PATH" makes the save of STEP touch PATH and hang before COMMIT.
-HOLD_SAVE_ENV = "RLCKPT_TEST_HOLD_SAVE"
 
 
 class SaveFailedError(CheckpointError):
@@ -67,7 +61,9 @@ class LoopState:
     @classmethod
     def from_state(cls, state: dict[str, Any], loader: PromptLoader) -> LoopState:
         if state.get("format") != LOADER_STATE_FORMAT:
-            raise LoaderStateError(f"train_dataloader.pt has format {state.get('format')!r}, expected 1")
+            raise LoaderStateError(
+                f"train_dataloader.pt has format {state.get('format')!r}, expected {LOADER_STATE_FORMAT}"
+            )
         loader.load_state_dict(state["loader"])
         pending = {str(g): {k: int(x) for k, x in v.items()} for g, v in state["pending"].items()}
         return cls(int(state["step"]), int(state["next_batch_step"]), int(state["draws"]), pending)
@@ -100,11 +96,11 @@ class ControllerLoop:
         trainer: Trainer,
         generator: Generator,
         replay: ReplayBuffer,
-        data_plane: DataPlaneClient,
         store: BundleStore,
         state: LoopState,
         resumed_from: int | None = None,
         on_event: Callable[[dict[str, Any]], None] | None = None,
+        before_commit: SaveHook | None = None,
     ) -> None:
         self.config = config
         self.task = task
@@ -112,7 +108,6 @@ class ControllerLoop:
         self.trainer = trainer
         self.generator = generator
         self.replay = replay
-        self.data_plane = data_plane
         self.store = store
         self.state = state
         self.resumed_from = resumed_from
@@ -126,14 +121,13 @@ class ControllerLoop:
             store=store,
             policy=trainer,
             replay=replay,
-            data_plane=data_plane,
             capture_loader_state=lambda: self.state.to_state(self.loader),
-            run_mode=config.mode,
+            rollout_order=config.rollout_order,
             staging_root=config.staging_dir,
             compress_data_plane=config.compress_data_plane,
             keep_last=config.keep_last,
             extra_metadata={"task": repr(task), "steps_target": config.steps},
-            before_commit=_hold_hook_from_env(),
+            before_commit=before_commit,
         )
 
     # --- the run ---------------------------------------------------------------------------------
@@ -180,7 +174,8 @@ class ControllerLoop:
             await self._generate_and_commit(restored)
         while True:  # runs ahead of the trainer by at most max_ahead steps; cancelled at the end
             batch_step = self.state.next_batch_step
-            await self._wait(lambda: self.gen_version >= batch_step - cfg.max_ahead)
+            oldest = batch_step - cfg.max_ahead  # the oldest weights this batch may be generated with
+            await self._wait(lambda oldest=oldest: self.gen_version >= oldest)
             group_ids = self._draw_and_reserve(batch_step)
             await self._generate_and_commit(group_ids)
 
@@ -286,21 +281,3 @@ class ControllerLoop:
             out.extend(int(x) for x in data["draw_seq"].reshape(-1).unique().tolist())
         return sorted(out)
 
-
-def _hold_hook_from_env() -> Callable[[int], Awaitable[None]] | None:
-    """Crash-test hook: with ``RLCKPT_TEST_HOLD_SAVE=STEP:PATH`` the save of STEP touches PATH and
-    hangs just before COMMIT, so a test can SIGKILL the run in the middle of a save."""
-    spec = os.environ.get(HOLD_SAVE_ENV)
-    if not spec:
-        return None
-    hold_step, path = spec.split(":", 1)
-
-    async def hold(step: int) -> None:
-        if step != int(hold_step):
-            return
-        logger.warning("%s: holding the save of step %d before COMMIT until killed", HOLD_SAVE_ENV, step)
-        Path(path).touch()
-        while True:
-            await asyncio.sleep(3600)
-
-    return hold

@@ -1,10 +1,11 @@
-"""setup_single_controller: the driver builds every object, in ARCHITECTURE's restore order.
+"""setup_single_controller: the driver builds every object, in the restore order of
+docs/architecture.md (Restore).
 
-1. newest committed bundle (store verifies marker and manifest)
-2. trainer state and dataloader position
-3. the bootstrap client restores TransferQueue from the bundle's ``data_plane/``
+1–3. ``restore_run``: newest committed bundle, every piece fetched and checked, then trainer
+     state, dataloader position and TransferQueue (restored by the bootstrap client)
 4. only now: the connect-only client and the replay buffer (asserted by RestorePhase)
-5. the controller actor, created with the data-plane metadata read back in 3
+5. the controller actor, created with the data-plane metadata read back in 3; its ``run()``
+   assembles the loop and checks the restored index (``assemble_controller``)
 """
 
 from __future__ import annotations
@@ -18,18 +19,21 @@ from typing import Any
 
 from rlckpt.checkpoint.phase import RestorePhase
 from rlckpt.checkpoint.restore import RestoredRun, restore_run
+from rlckpt.checkpoint.save import SaveHook
 from rlckpt.controller.actor import SingleControllerActor
-from rlckpt.controller.args import RestoredIndex, SingleControllerActorArgs
+from rlckpt.controller.args import ControllerArgs, RestoredIndex
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.connect import connect_only_data_plane, replay_buffer_spec
 from rlckpt.controller.handles import GeneratorHandle
 from rlckpt.controller.loop import LoopState, RunSummary
-from rlckpt.controller.policy import TQPolicy
+from rlckpt.controller.trainer_side import TrainerSide
 from rlckpt.errors import CheckpointError
 from rlckpt.grpo import DigitSumTask, PromptLoader, make_generation_actor
 from rlckpt.store import BundleStore
 
 logger = logging.getLogger(__name__)
+
+EVENT_POLL_S = 0.5  # how often the driver forwards the actor's progress events
 
 
 @dataclass
@@ -37,18 +41,18 @@ class SingleController:
     """What the driver holds: the actor, the trainer side (owner of TransferQueue) and the store."""
 
     actor: Any
-    policy: TQPolicy
+    trainer_side: TrainerSide
     store: BundleStore
     restored: RestoredRun | None
     extra_actors: list[Any] = field(default_factory=list)
 
-    def run(self, on_event: Callable[[dict[str, Any]], None] | None = None, poll_s: float = 0.5) -> RunSummary:
+    def run(self, on_event: Callable[[dict[str, Any]], None] | None = None) -> RunSummary:
         """Run the actor to completion, forwarding its progress events; re-raises its failure."""
         import ray
 
         ref = self.actor.run.remote()
         while True:
-            ready, _ = ray.wait([ref], timeout=poll_s)
+            ready, _ = ray.wait([ref], timeout=EVENT_POLL_S)
             for event in ray.get(self.actor.drain_events.remote()):
                 if on_event:
                     on_event(event)
@@ -56,16 +60,19 @@ class SingleController:
                 return RunSummary(**ray.get(ref))
 
     def shutdown(self) -> None:
-        """Stop the actors and TransferQueue (the bootstrap client owns it)."""
+        """Stop the actors, then the trainer side (its worker and TransferQueue)."""
         import ray
 
-        for actor in [self.actor, *self.extra_actors, self.policy.worker]:
+        for actor in [self.actor, *self.extra_actors]:
             ray.kill(actor, no_restart=True)
-        asyncio.run(self.policy.data_plane.close())
+        self.trainer_side.shutdown()
 
 
-def setup_single_controller(config: TrainConfig) -> SingleController:
-    """Build everything on the driver (Ray must be running); restore the newest bundle unless fresh."""
+def setup_single_controller(config: TrainConfig, *, before_commit: SaveHook | None = None) -> SingleController:
+    """Build everything on the driver (Ray must be running); restore the newest bundle unless fresh.
+
+    ``before_commit`` (picklable) is awaited in the controller actor before each save's COMMIT.
+    """
     import ray
 
     started = time.perf_counter()
@@ -79,7 +86,7 @@ def setup_single_controller(config: TrainConfig) -> SingleController:
     loader = PromptLoader(task, config.grpo.prompts_per_step, seed=config.grpo.seed)
     phase = RestorePhase()
 
-    policy = TQPolicy(config.grpo, config.tq_config)  # trainer worker + bootstrap client (starts TQ)
+    trainer_side = TrainerSide(config.grpo, config.tq_config)  # trainer worker + bootstrap client (starts TQ)
     if config.fresh:
         phase.start_fresh()
         restored = None
@@ -87,11 +94,11 @@ def setup_single_controller(config: TrainConfig) -> SingleController:
         restored = asyncio.run(
             restore_run(
                 store,
-                trainer=policy,
-                bootstrap=policy.data_plane,
+                trainer=trainer_side,
+                bootstrap=trainer_side.data_plane,
                 phase=phase,
                 staging_root=config.staging_dir,
-                expected_mode=config.mode,
+                expected_rollout_order=config.rollout_order,
             )
         )
     loop_state = LoopState.from_state(restored.loader_state, loader) if restored else LoopState()
@@ -100,30 +107,18 @@ def setup_single_controller(config: TrainConfig) -> SingleController:
     replay = replay_buffer_spec(phase, partition_id=config.partition_id, group_size=config.grpo.group_size)
     generator = make_generation_actor(config.grpo, task, num_cpus=0)
 
-    args = SingleControllerActorArgs(
+    args = ControllerArgs(
         config=config,
         task=task,
         loader=loader,
         loop_state=loop_state,
-        trainer=policy.handle(),
+        trainer=trainer_side.handle(),
         generator=GeneratorHandle(generator),
-        data_plane=data_plane,
         replay=replay,
-        restored=_restored_index(restored),
+        restored=RestoredIndex.from_run(restored) if restored else None,
+        before_commit=before_commit,
     )
-    actor = ray.remote(SingleControllerActor).options(num_cpus=0).remote(args)  # 5
+    actor = ray.remote(SingleControllerActor).options(num_cpus=0).remote(args, data_plane)  # 5
     seconds = time.perf_counter() - started
     logger.info("controller set up in %.1fs (%s)", seconds, f"resumed step {restored.step}" if restored else "fresh")
-    return SingleController(actor, policy, store, restored, extra_actors=[generator])
-
-
-def _restored_index(restored: RestoredRun | None) -> RestoredIndex | None:
-    if restored is None:
-        return None
-    return RestoredIndex(
-        step=restored.step,
-        index_digest=restored.index_digest,
-        group_count=restored.group_count,
-        mode=restored.mode,
-        replay_state=restored.replay_state,
-    )
+    return SingleController(actor, trainer_side, store, restored, extra_actors=[generator])

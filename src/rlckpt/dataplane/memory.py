@@ -16,7 +16,12 @@ from typing import Any
 import torch
 
 from rlckpt.dataplane.base import SNAPSHOT_METADATA_FILE, DataPlaneClient, FieldValue
-from rlckpt.dataplane.fields import batch_fields, check_json_metadata, check_keys, densify
+from rlckpt.dataplane.fields import (
+    batch_fields,
+    check_json_metadata,
+    check_keys,
+    densify,
+)
 from rlckpt.errors import DataPlaneError, MissingSamplesError, RestoreRefusedError
 
 _ROWS_FILE = "memory_rows.pt"
@@ -37,16 +42,16 @@ class InMemoryStore:
 class InMemoryDataPlane(DataPlaneClient):
     """A DataPlaneClient over an InMemoryStore; pass another client's ``store`` to share it.
 
-    ``latency`` seconds are awaited inside every data call, so tests can interleave calls.
+    Every data call yields to the event loop once, as a real client's would, so concurrent
+    callers interleave.
     """
 
-    def __init__(self, store: InMemoryStore | None = None, *, latency: float = 0.0) -> None:
+    def __init__(self, store: InMemoryStore | None = None) -> None:
         super().__init__()
         self.store = store if store is not None else InMemoryStore()
-        self.latency = latency
 
     async def _pause(self) -> None:
-        await asyncio.sleep(self.latency)
+        await asyncio.sleep(0)
 
     async def put_samples(
         self,

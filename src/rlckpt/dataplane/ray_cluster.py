@@ -2,7 +2,7 @@
 
 Every caller (main job, tests, benchmarks) uses this so a run never attaches to another user's
 cluster (``address="local"``), stays on 127.0.0.1, and keeps its sockets and logs in a temp dir
-the caller owns. See ``shared/notes/transferqueue.md`` for why each setting is there.
+the caller owns. docs/dataplane.md (Ray) says why each setting is there.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ def start_local_ray(
     *,
     num_cpus: int = DEFAULT_NUM_CPUS,
     log_to_driver: bool = False,
-    namespace: str | None = None,
 ) -> LocalRayCluster:
     """Start a new local Ray cluster on loopback in ``temp_dir`` and connect this process to it.
 
@@ -71,7 +70,6 @@ def start_local_ray(
         include_dashboard=False,
         _temp_dir=str(temp_dir),
         log_to_driver=log_to_driver,
-        namespace=namespace,
     )
     return LocalRayCluster(temp_dir=temp_dir, address=str(context.address_info.get("gcs_address", "")))
 

@@ -1,7 +1,7 @@
-"""An in-process GRPO loop (no Ray, no data plane): the reference the controller must match.
+"""An in-process GRPO loop (no Ray, no data plane): the baseline the controller must match.
 
 Step k: sample a prompt batch, generate groups with weights of version k, add group advantages,
-train, sync the new weights to the worker. The controller's ``in_order`` mode does the same
+train, sync the new weights to the worker. The controller's ``in_order`` rollout order does the same
 through TransferQueue, so a run of this loop is the ground truth for its results.
 """
 

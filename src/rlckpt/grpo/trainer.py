@@ -23,7 +23,7 @@ from rlckpt.grpo.policy import PolicyConfig, build_policy
 
 log = logging.getLogger(__name__)
 
-STATE_FORMAT = 1
+TRAINER_STATE_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """Weights + optimizer + version + config: only tensors and plain Python values."""
         return {
-            "format": STATE_FORMAT,
+            "format": TRAINER_STATE_FORMAT,
             "weight_version": self.weight_version,
             "config": asdict(self.config),
             "model": self.weights(),
@@ -129,9 +129,9 @@ class Trainer:
 
     def load_state_dict(self, state: Mapping[str, Any], origin: str = "<dict>") -> None:
         """Restore weights, optimizer and version; refuses another format or policy shape."""
-        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
+        if not isinstance(state, Mapping) or state.get("format") != TRAINER_STATE_FORMAT:
             found = _get(state, "format")
-            raise TrainerStateError(f"trainer state {origin} has format {found!r}, expected {STATE_FORMAT}")
+            raise TrainerStateError(f"trainer state {origin} has format {found!r}, expected {TRAINER_STATE_FORMAT}")
         mine = asdict(self.config)
         saved = state.get("config", {})
         if saved.get("policy") != mine["policy"]:

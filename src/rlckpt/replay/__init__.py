@@ -2,10 +2,16 @@
 
 from rlckpt.replay.barrier import BarrierStats, DataPlaneCheckpointBarrier
 from rlckpt.replay.buffer import ReplayBuffer, group_id_for
-from rlckpt.replay.records import SCHEMA_VERSION, GroupRecord, IndexCapture, groups_digest, sample_id
+from rlckpt.replay.records import (
+    REPLAY_INDEX_FORMAT,
+    GroupRecord,
+    IndexCapture,
+    groups_digest,
+    sample_id,
+)
 
 __all__ = [
-    "SCHEMA_VERSION",
+    "REPLAY_INDEX_FORMAT",
     "BarrierStats",
     "DataPlaneCheckpointBarrier",
     "GroupRecord",

@@ -33,7 +33,13 @@ from typing import Any
 
 from rlckpt.errors import InventoryMismatchError, ReplayError, ReplayStateError
 from rlckpt.replay.barrier import DataPlaneCheckpointBarrier
-from rlckpt.replay.records import SCHEMA_VERSION, GroupRecord, IndexCapture, groups_digest, sample_id
+from rlckpt.replay.records import (
+    REPLAY_INDEX_FORMAT,
+    GroupRecord,
+    IndexCapture,
+    groups_digest,
+    sample_id,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +170,7 @@ class ReplayBuffer:
     async def _rollback(self, group_id: str, keys: list[str]) -> None:
         try:
             await self.data_plane.clear_samples(self.partition_id, keys)
-        except BaseException as exc:  # keep the original error; the inventory check will catch leftovers
+        except BaseException as exc:  # noqa: BLE001 - keep the original error; the inventory check catches leftovers
             logger.error("rollback of group %s failed: %s: %s", group_id, type(exc).__name__, exc)
 
     # --- consumer side -------------------------------------------------------------------------
@@ -260,29 +266,24 @@ class ReplayBuffer:
         """
         return self.capture_index().state_dict()
 
-    def load_state_dict(
-        self,
-        state: Mapping[str, Any],
-        *,
-        expected_digest: str,
-        expected_partition: str,
-        expected_group_size: int,
-        max_groups: int | None,
-    ) -> None:
+    def load_state_dict(self, state: Mapping[str, Any], *, expected_digest: str) -> None:
         """Install a saved index into this empty buffer; never touches the data plane.
 
-        Every mismatch (schema, digest, partition, group size, too many groups, malformed
-        groups) raises ReplayStateError naming both values. All groups come back not taken.
+        ``expected_digest`` is the index digest recorded outside the state (e.g. in the data-plane
+        snapshot's metadata), so an index from another save is refused. The saved partition and
+        group size must be this buffer's and the groups fit its ``max_groups``. Every mismatch
+        (schema, digest, partition, group size, too many groups, malformed groups) raises
+        ReplayStateError naming both values. All groups come back not taken.
         """
         if self._groups or self._next_seq:
             raise ReplayStateError(
                 f"load_state_dict: replay buffer (partition {self.partition_id!r}) is not empty "
                 f"({len(self._groups)} groups); load only into a new buffer"
             )
-        self._check_state_header(state, expected_digest, expected_partition, expected_group_size)
+        self._check_state_header(state, expected_digest)
         records = self._parse_groups(state["groups"])
-        if max_groups is not None and len(records) > max_groups:
-            raise ReplayStateError(f"load_state_dict: {len(records)} groups saved, max_groups is {max_groups}")
+        if self.max_groups is not None and len(records) > self.max_groups:
+            raise ReplayStateError(f"load_state_dict: {len(records)} groups saved, max_groups is {self.max_groups}")
         next_seq = int(state["next_seq"])
         if records and next_seq <= max(r.seq for r in records):
             raise ReplayStateError(f"load_state_dict: next_seq {next_seq} does not follow the saved groups")
@@ -291,34 +292,28 @@ class ReplayBuffer:
         self._taken.clear()
         self._notify()
 
-    def _check_state_header(
-        self, state: Mapping[str, Any], expected_digest: str, expected_partition: str, expected_group_size: int
-    ) -> None:
+    def _check_state_header(self, state: Mapping[str, Any], expected_digest: str) -> None:
         where = "load_state_dict"
         missing = {"schema_version", "partition_id", "group_size", "next_seq", "groups", "digest"} - set(state)
         if missing:
             raise ReplayStateError(f"{where}: state lacks {sorted(missing)}")
-        if state["schema_version"] != SCHEMA_VERSION:
+        if state["schema_version"] != REPLAY_INDEX_FORMAT:
             raise ReplayStateError(
-                f"{where}: schema version {state['schema_version']!r}, this code reads {SCHEMA_VERSION}"
+                f"{where}: schema version {state['schema_version']!r}, this code reads replay index "
+                f"format {REPLAY_INDEX_FORMAT}"
             )
         actual = groups_digest(state["groups"])
         if actual != state["digest"]:
             raise ReplayStateError(f"{where}: groups digest {actual} != recorded digest {state['digest']}")
         if actual != expected_digest:
             raise ReplayStateError(f"{where}: groups digest {actual} != expected digest {expected_digest}")
-        if state["partition_id"] != expected_partition:
-            raise ReplayStateError(
-                f"{where}: saved partition {state['partition_id']!r} != expected {expected_partition!r}"
-            )
         if state["partition_id"] != self.partition_id:
             raise ReplayStateError(
                 f"{where}: saved partition {state['partition_id']!r} != this buffer's {self.partition_id!r}"
             )
-        if state["group_size"] != expected_group_size or expected_group_size != self.group_size:
+        if state["group_size"] != self.group_size:
             raise ReplayStateError(
-                f"{where}: saved group size {state['group_size']!r}, expected {expected_group_size}, "
-                f"this buffer's {self.group_size}"
+                f"{where}: saved group size {state['group_size']!r} != this buffer's {self.group_size}"
             )
 
     def _parse_groups(self, raw: Any) -> list[GroupRecord]:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-SCHEMA_VERSION = 1
+REPLAY_INDEX_FORMAT = 1  # a saved index carries it as "schema_version"
 
 
 def sample_id(group_id: str, index: int) -> str:
@@ -79,7 +79,7 @@ class IndexCapture:
         """The serialized index: header, groups as JSON dicts, and the digest over the groups."""
         groups = [g.to_json() for g in self.groups]
         return {
-            "schema_version": SCHEMA_VERSION,
+            "schema_version": REPLAY_INDEX_FORMAT,
             "partition_id": self.partition_id,
             "group_size": self.group_size,
             "next_seq": self.next_seq,

@@ -1,8 +1,9 @@
-"""In-process controller runs for fast tests: the real ControllerLoop, save and restore procedures,
+"""In-process controller runs for fast tests: the real restore procedure and controller assembly,
 with in-process trainer/generator and the in-memory data plane instead of Ray and TransferQueue.
 
 ``run_in_process`` follows setup_single_controller's order (restore → phase ready → connect-only
-client + replay buffer → loop), so tests of resume logic run in well under a second per step.
+client + replay buffer → ``assemble_controller``), so tests of resume logic run in well under a
+second per step and check the restored index exactly as the controller actor does.
 """
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ from dataclasses import dataclass, field
 
 from rlckpt.checkpoint.phase import RestorePhase
 from rlckpt.checkpoint.restore import restore_run
+from rlckpt.controller.args import ControllerArgs, RestoredIndex
+from rlckpt.controller.assemble import assemble_controller
 from rlckpt.controller.config import TrainConfig
+from rlckpt.controller.connect import replay_buffer_spec
 from rlckpt.controller.handles import LocalGenerator, LocalTrainer
 from rlckpt.controller.loop import ControllerLoop, LoopState, RunSummary
-from rlckpt.controller.policy import TrainerWorker
+from rlckpt.controller.trainer_worker import TrainerWorker
+from rlckpt.dataplane.base import DataPlaneClient
 from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
 from rlckpt.grpo import DigitSumTask, GenerationWorker, PromptLoader
-from rlckpt.replay import DataPlaneCheckpointBarrier, ReplayBuffer
 from rlckpt.store import BundleStore
 
 
@@ -31,9 +35,19 @@ class InProcessRun:
     loop: ControllerLoop | None = None
 
 
-async def run_in_process(config: TrainConfig, run: InProcessRun | None = None) -> InProcessRun:
+@dataclass(frozen=True)
+class InMemoryDataPlaneSpec:
+    """The in-memory counterpart of ConnectOnlyDataPlane: another client on the same rows."""
+
+    plane: InMemoryStore
+
+    def connect(self) -> DataPlaneClient:
+        return InMemoryDataPlane(self.plane)
+
+
+async def run_in_process(config: TrainConfig) -> InProcessRun:
     """Resume (or start) ``config.run_dir`` and train to ``config.steps`` in this process."""
-    run = run or InProcessRun()
+    run = InProcessRun()
     store = BundleStore(config.run_dir, config.storage_options)
     task = DigitSumTask(seed=config.task_seed, num_prompts=config.num_prompts)
     loader = PromptLoader(task, config.grpo.prompts_per_step, seed=config.grpo.seed)
@@ -45,26 +59,20 @@ async def run_in_process(config: TrainConfig, run: InProcessRun | None = None) -
     else:
         restored = await restore_run(
             store, trainer=worker, bootstrap=bootstrap, phase=run.phase,
-            staging_root=config.staging_dir, expected_mode=config.mode,
+            staging_root=config.staging_dir, expected_rollout_order=config.rollout_order,
         )
-    state = LoopState.from_state(restored.loader_state, loader) if restored else LoopState()
-    run.phase.require_ready("the connect-only data-plane client")
-    data_plane = InMemoryDataPlane(run.plane)
-    replay = ReplayBuffer(
-        data_plane, DataPlaneCheckpointBarrier(),
-        partition_id=config.partition_id, group_size=config.grpo.group_size,
-    )
-    if restored is not None:
-        replay.load_state_dict(
-            restored.replay_state, expected_digest=restored.index_digest,
-            expected_partition=config.partition_id, expected_group_size=config.grpo.group_size, max_groups=None,
-        )
-        replay.validate_inventory(await data_plane.list_sample_ids(config.partition_id))
-    run.loop = ControllerLoop(
-        config, task=task, loader=loader, trainer=LocalTrainer(worker),
+    args = ControllerArgs(
+        config=config,
+        task=task,
+        loader=loader,
+        loop_state=LoopState.from_state(restored.loader_state, loader) if restored else LoopState(),
+        trainer=LocalTrainer(worker),
         generator=LocalGenerator(GenerationWorker(config.grpo, task)),
-        replay=replay, data_plane=data_plane, store=store, state=state,
-        resumed_from=restored.step if restored else None,
+        replay=replay_buffer_spec(run.phase, partition_id=config.partition_id, group_size=config.grpo.group_size),
+        restored=RestoredIndex.from_run(restored) if restored else None,
     )
+    run.phase.require_ready("the connect-only data-plane client")
+    data_plane = InMemoryDataPlaneSpec(run.plane).connect()
+    run.loop = await assemble_controller(args, store=store, data_plane=data_plane)
     run.summary = await run.loop.run()
     return run

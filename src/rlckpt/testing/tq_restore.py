@@ -47,13 +47,7 @@ async def _restore(args: argparse.Namespace) -> dict[str, Any]:
                 partition_id=args.partition,
                 group_size=int(metadata["group_size"]),
             )
-            buffer.load_state_dict(
-                state,
-                expected_digest=metadata["replay_digest"],
-                expected_partition=args.partition,
-                expected_group_size=int(metadata["group_size"]),
-                max_groups=None,
-            )
+            buffer.load_state_dict(state, expected_digest=metadata["replay_digest"])
             buffer.validate_inventory(ids)
             report["replay_digest"] = buffer.metadata_state_dict()["digest"]
         await controller_client.close()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 
+from rlckpt.errors import CheckpointError
 
-class BlobPolicy:
+
+class BlobTrainer:
     """Provides ``async state_bytes()`` like the trainer handle; the bytes are made once, up front."""
 
     def __init__(self, nbytes: int) -> None:
@@ -17,4 +19,4 @@ class BlobPolicy:
     def load_state_bytes(self, data: bytes) -> None:
         """Restore side: accept the verified bytes (only their length is checked)."""
         if len(data) != len(self._blob):
-            raise ValueError(f"BlobPolicy: restored {len(data)} bytes, saved {len(self._blob)}")
+            raise CheckpointError(f"BlobTrainer: restored {len(data)} bytes, saved {len(self._blob)}")
