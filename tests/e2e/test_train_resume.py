@@ -17,6 +17,7 @@ import time
 import pytest
 
 from rlckpt.store import BundleStore
+from rlckpt.testing.store_checks import corrupt_file
 
 pytestmark = pytest.mark.slow
 RUN_TIMEOUT_S = 420
@@ -55,6 +56,23 @@ def test_in_order_resume_from_s3_with_an_empty_staging_dir_is_exact(straight_run
     assert second["resumed_from"] == 4
     assert second["policy_sha256"] == straight_run["policy_sha256"]
     assert BundleStore(s3_run_url, s3_storage_options).steps() == [2, 4, 6, 8]
+
+
+def test_a_corrupt_newest_bundle_is_skipped_loudly_and_the_run_still_ends_exact(straight_run, tmp_path):
+    run_dir = straight_run["run_dir"]  # bundles 2, 4, 6, 8
+    corrupt_file(BundleStore(run_dir), 8, "policy/state.pt", "flip")
+    pinned = subprocess.run(
+        [sys.executable, "-m", "rlckpt.cli.main", "train", "--run-dir", run_dir, "--steps", "8", "--resume-step", "8"],
+        capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False,
+    )
+    assert pinned.returncode == 3, pinned.stderr[-2000:]
+    assert "cannot resume step 8" in pinned.stderr and "policy/state.pt" in pinned.stderr
+    resumed = _train(run_dir, 8)
+    assert resumed["resumed_from"] == 6
+    assert [b["step"] for b in resumed["skipped_bundles"]] == [8]
+    assert "policy/state.pt" in resumed["skipped_bundles"][0]["reason"]
+    assert resumed["policy_sha256"] == straight_run["policy_sha256"]
+    assert resumed["bundles"] == [2, 4, 6, 8]  # step 8 saved anew; the corrupt one kept in _quarantine/
 
 
 def test_async_restart_loses_no_prompt_and_trains_none_twice(tmp_path):

@@ -1,7 +1,9 @@
 """The restore procedure (driver side, once, before the controller actor exists): restore steps
 1–3 of docs/architecture.md.
 
-1. pick the newest committed bundle; the store checks marker → manifest digest → listing
+1. pick the newest committed bundle that verifies; the store checks marker → manifest digest → listing.
+   A newer bundle that fails any check of steps 1–2 is skipped, loudly (logged, and listed in
+   ``RestoredRun.skipped``); ``resume_step`` pins one step instead and fails if it does not verify
 2. fetch every piece, verifying every digest (policy, loader, replay index into memory,
    ``data_plane/`` into local staging); check the run-bundle format, the rollout order and the
    pairing: the manifest, TransferQueue's ``metadata.json`` and the replay index must name the
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,9 +29,9 @@ from rlckpt.checkpoint.staging import staging_dir
 from rlckpt.dataplane.base import DataPlaneClient
 from rlckpt.dataplane.snapshot_metadata import read_snapshot_metadata
 from rlckpt.dataplane.threads import run_blocking
-from rlckpt.errors import CheckpointError, CorruptBundleError, DataPlaneError
+from rlckpt.errors import CheckpointError, CorruptBundleError, DataPlaneError, UncommittedBundleError
 from rlckpt.replay import groups_digest
-from rlckpt.store import Bundle, BundleStore, Manifest
+from rlckpt.store import Bundle, BundleStore, Manifest, StoreEntry
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +40,14 @@ class TrainerStateSink(Protocol):
     """The trainer side: takes verified weights + optimizer bytes."""
 
     def load_state_bytes(self, data: bytes) -> None: ...
+
+
+@dataclass(frozen=True)
+class SkippedBundle:
+    """A committed bundle newer than the one resumed, passed over because it does not verify."""
+
+    step: int
+    reason: str
 
 
 @dataclass
@@ -50,6 +60,7 @@ class RestoredRun:
     replay_state: dict[str, Any]
     data_plane_metadata: dict[str, Any]
     seconds: float
+    skipped: list[SkippedBundle] = field(default_factory=list)
 
     @property
     def index_digest(self) -> str:
@@ -78,19 +89,32 @@ async def restore_run(
     phase: RestorePhase,
     staging_root: str | None = None,
     expected_rollout_order: str | None = None,
+    resume_step: int | None = None,
 ) -> RestoredRun | None:
-    """Restore the newest committed bundle, or mark the run fresh and return None if there is none."""
+    """Restore the newest committed bundle that verifies, or mark the run fresh and return None if the
+    store holds no committed bundle.
+
+    Args:
+        resume_step: restore exactly this step (no fallback); by default the newest that verifies.
+    Returns:
+        What was restored (with the newer bundles skipped and why), or None for a fresh run.
+    Raises:
+        CheckpointError: `resume_step` does not verify, is not committed, or newer bundles that
+            verify would collide with the resumed run's saves; or no committed bundle verifies.
+        CorruptBundleError: a check after the data plane loaded the snapshot failed.
+    """
     started = time.perf_counter()
-    step = await run_blocking(store.latest)  # 1
-    if step is None:
+    entries = await run_blocking(store.entries)  # 1
+    candidates = [e for e in entries if e.state in ("committed", "corrupt")]
+    if resume_step is None and not candidates:
         phase.start_fresh()
         logger.info("no committed bundle at %s: starting fresh", store.url)
         return None
-    bundle: Bundle = await run_blocking(store.open, step)
-    logger.info("restoring step %d from %s", step, store.url)
-    with staging_dir(staging_root, prefix=f"rlckpt-restore{step}-") as staging:
-        pieces = await run_blocking(_fetch_verified, bundle, staging)  # 2
-        replay_state = _check_pairing(bundle.manifest, pieces, expected_rollout_order)  # 2
+    with staging_dir(staging_root, prefix="rlckpt-restore-") as staging:
+        bundle, pieces, replay_state, skipped = await _first_that_verifies(
+            store, candidates, staging, expected_rollout_order, resume_step
+        )
+        step = bundle.step
         phase.begin_restore(step)
         try:
             trainer.load_state_bytes(pieces.policy)  # 3
@@ -107,7 +131,59 @@ async def restore_run(
         phase.finish_restore()
     seconds = time.perf_counter() - started
     logger.info("restored step %d (%d groups) in %.2fs", step, len(replay_state["groups"]), seconds)
-    return RestoredRun(step, bundle.manifest, loader_state, replay_state, metadata, seconds)
+    return RestoredRun(step, bundle.manifest, loader_state, replay_state, metadata, seconds, skipped)
+
+
+async def _first_that_verifies(
+    store: BundleStore,
+    candidates: list[StoreEntry],
+    staging: Path,
+    expected_rollout_order: str | None,
+    resume_step: int | None,
+) -> tuple[Bundle, _FetchedPieces, dict[str, Any], list[SkippedBundle]]:
+    """Steps 1-2 for each candidate, newest first, until one verifies; the newer ones are skipped."""
+    if resume_step is not None:
+        return (*await _pinned(store, candidates, staging, expected_rollout_order, resume_step), [])
+    skipped: list[SkippedBundle] = []
+    for entry in reversed(candidates):
+        try:
+            if entry.state == "corrupt":
+                raise CorruptBundleError(entry.detail)
+            return (*await _fetch_and_check(store, entry.step, staging, expected_rollout_order), skipped)
+        except CorruptBundleError as exc:
+            logger.warning("SKIPPING step %d at %s: it does not verify (%s); trying an older bundle", entry.step, store.url, exc)
+            skipped.append(SkippedBundle(entry.step, str(exc)))
+    reasons = "; ".join(f"step {s.step}: {s.reason}" for s in skipped)
+    raise CheckpointError(
+        f"no committed bundle at {store.url} verifies ({reasons}); nothing was restored. Move the bundles "
+        "aside (or use a new run dir) to start over"
+    )
+
+
+async def _pinned(
+    store: BundleStore, candidates: list[StoreEntry], staging: Path, expected_rollout_order: str | None, step: int
+) -> tuple[Bundle, _FetchedPieces, dict[str, Any]]:
+    """`resume_step`: that step or an error, never another one; and no newer bundle it would collide with."""
+    newer = [e.step for e in candidates if e.step > step and e.state == "committed"]
+    if newer:
+        raise CheckpointError(
+            f"cannot resume step {step} at {store.url}: newer committed bundles {newer} exist, and the resumed run "
+            "would save over their steps; move them aside or resume in a new run dir"
+        )
+    try:
+        return await _fetch_and_check(store, step, staging, expected_rollout_order)
+    except (CorruptBundleError, UncommittedBundleError) as exc:
+        raise CheckpointError(f"cannot resume step {step} at {store.url}: it does not verify ({exc})") from exc
+
+
+async def _fetch_and_check(
+    store: BundleStore, step: int, staging: Path, expected_rollout_order: str | None
+) -> tuple[Bundle, _FetchedPieces, dict[str, Any]]:
+    """Open one bundle, fetch every piece digest-checked and check the pairing; nothing is loaded yet."""
+    bundle: Bundle = await run_blocking(store.open, step)
+    logger.info("restoring step %d from %s", step, store.url)
+    pieces = await run_blocking(_fetch_verified, bundle, staging / f"step_{step}")  # 2
+    return bundle, pieces, _check_pairing(bundle.manifest, pieces, expected_rollout_order)  # 2
 
 
 def _fetch_verified(bundle: Bundle, staging: Path) -> _FetchedPieces:

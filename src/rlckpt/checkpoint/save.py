@@ -23,6 +23,7 @@ rollouts wait for the destination; the stall benchmark compares it with the defa
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -91,7 +92,8 @@ async def save_bundle(
 ) -> SaveReport:
     """Write and commit the bundle of ``step``; on any failure nothing is committed and it re-raises."""
     started = time.perf_counter()
-    txn: BundleTransaction = await run_blocking(parts.store.begin, step)  # 1: intent recorded
+    # 1: intent recorded. A corrupt bundle at this step (one a resume fell back past) is moved aside.
+    txn: BundleTransaction = await run_blocking(functools.partial(parts.store.begin, step, replace_corrupt=True))
     try:
         report = await _write_and_commit(parts, txn, step, upload_timing, started)
     except BaseException as exc:

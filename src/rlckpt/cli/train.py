@@ -24,7 +24,10 @@ examples:
       --storage-options '{"endpoint_url": "http://127.0.0.1:9000"}'
 
 --steps is the total to reach, across resumes: a run at step 4 with --steps 8 trains 4 more.
-Without --fresh the newest committed bundle is resumed (bundles without COMMIT are ignored).
+Without --fresh the newest committed bundle that verifies is resumed (bundles without COMMIT are
+ignored; a newer one that fails verification is skipped, reported on stderr and in --json as
+skipped_bundles, and moved to _quarantine/ when the run saves its step again). --resume-step N
+resumes exactly N, or fails.
 """
 
 
@@ -46,7 +49,9 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--mode", choices=("in_order", "async"), default="in_order", help="in_order: step k trains the groups generated with weights k (deterministic); async: bounded staleness")
     parser.add_argument("--max-staleness", type=_non_negative, default=1, metavar="S", help="async mode: generate with weights at most S steps old (default 1)")
     parser.add_argument("--storage-options", metavar="JSON", type=_common.storage_options_arg, default=None, help="fsspec options for the run dir's filesystem, as a JSON object")
-    parser.add_argument("--fresh", action="store_true", help="start from scratch (refused if the run dir already has committed bundles)")
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument("--fresh", action="store_true", help="start from scratch (refused if the run dir already has committed bundles)")
+    start.add_argument("--resume-step", type=_non_negative, default=None, metavar="N", help="resume exactly bundle N and fail if it does not verify (default: the newest bundle that verifies; newer ones that do not are skipped and reported)")
     parser.add_argument("--keep-last", type=_positive, default=None, metavar="K", help="after each commit keep only the K newest bundles (default: keep all)")
     parser.add_argument("--staging-dir", default=None, metavar="DIR", help="local staging for data-plane snapshots (default: /dev/shm when available)")
     parser.add_argument("--save-failure", choices=("stop", "continue"), default="stop", help="what a failed save does: stop the run (default) or log and go on")
@@ -95,6 +100,7 @@ def run(args: argparse.Namespace, *, before_commit: SaveHook | None = None) -> i
         rollout_order=args.mode,
         max_staleness=args.max_staleness,
         fresh=args.fresh,
+        resume_step=args.resume_step,
         storage_options=args.storage_options,
         keep_last=args.keep_last,
         staging_dir=args.staging_dir,
@@ -109,8 +115,11 @@ def run(args: argparse.Namespace, *, before_commit: SaveHook | None = None) -> i
         print("rlckpt train: starting TransferQueue and the controller ...", file=sys.stderr)
         controller = setup_single_controller(config, before_commit=before_commit)
         start = controller.restored.step if controller.restored else 0
+        skipped = controller.restored.skipped if controller.restored else []
+        for bundle in skipped:
+            print(f"rlckpt train: SKIPPED step {bundle.step}: it does not verify ({_common.printable(bundle.reason)})", file=sys.stderr)
         if controller.restored:
-            print(f"rlckpt train: resumed step {start} from {controller.store.url} "
+            print(f"rlckpt train: resumed step {start} from {_common.printable(controller.store.url)} "
                   f"({controller.restored.seconds:.1f}s)", file=sys.stderr)
         bar = tqdm(total=config.steps, initial=start, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
 
@@ -135,7 +144,13 @@ def run(args: argparse.Namespace, *, before_commit: SaveHook | None = None) -> i
         stop_local_ray()
         if args.ray_temp_dir is None:  # ours: remove it; a user-given dir stays
             shutil.rmtree(ray_dir, ignore_errors=True)
-    result = {**asdict(summary), "bundles": bundles, "run_dir": config.run_dir, "rollout_order": config.rollout_order}
+    result = {
+        **asdict(summary),
+        "bundles": bundles,
+        "run_dir": config.run_dir,
+        "rollout_order": config.rollout_order,
+        "skipped_bundles": [asdict(bundle) for bundle in skipped],
+    }
     if args.json:
         print(json.dumps(result, sort_keys=True))
     else:

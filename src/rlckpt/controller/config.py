@@ -24,6 +24,7 @@ class TrainConfig:
     rollout_order: RolloutOrder = "in_order"
     max_staleness: int = 1  # async: a batch is generated with weights at most this many steps old
     fresh: bool = False
+    resume_step: int | None = None  # resume exactly this bundle (default: the newest that verifies)
     storage_options: dict[str, Any] | None = None
     keep_last: int | None = None  # retention after each commit (None: keep all)
     staging_dir: str | None = None  # local staging for snapshots (default: tmpfs when available)
@@ -42,6 +43,8 @@ class TrainConfig:
             raise ValueError(f"steps must be >= 0 and save_every >= 1, got {self.steps}, {self.save_every}")
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        if self.resume_step is not None and (self.fresh or self.resume_step < 0):
+            raise ValueError(f"resume_step must be >= 0 and cannot go with fresh, got {self.resume_step} (fresh={self.fresh})")
         if self.save_failure not in ("stop", "continue"):
             raise ValueError(f"save_failure must be 'stop' or 'continue', got {self.save_failure!r}")
 

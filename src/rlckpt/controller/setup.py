@@ -99,6 +99,7 @@ def setup_single_controller(config: TrainConfig, *, before_commit: SaveHook | No
                 phase=phase,
                 staging_root=config.staging_dir,
                 expected_rollout_order=config.rollout_order,
+                resume_step=config.resume_step,
             )
         )
     loop_state = LoopState.from_state(restored.loader_state, loader) if restored else LoopState()

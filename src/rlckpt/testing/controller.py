@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlckpt.checkpoint.phase import RestorePhase
-from rlckpt.checkpoint.restore import restore_run
+from rlckpt.checkpoint.restore import RestoredRun, restore_run
 from rlckpt.controller.args import ControllerArgs, RestoredIndex
 from rlckpt.controller.assemble import assemble_controller
 from rlckpt.controller.config import TrainConfig
@@ -33,6 +33,7 @@ class InProcessRun:
     phase: RestorePhase = field(default_factory=RestorePhase)
     summary: RunSummary | None = None
     loop: ControllerLoop | None = None
+    restored: RestoredRun | None = None
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,9 @@ async def run_in_process(config: TrainConfig) -> InProcessRun:
         restored = await restore_run(
             store, trainer=worker, bootstrap=bootstrap, phase=run.phase,
             staging_root=config.staging_dir, expected_rollout_order=config.rollout_order,
+            resume_step=config.resume_step,
         )
+        run.restored = restored
     args = ControllerArgs(
         config=config,
         task=task,
