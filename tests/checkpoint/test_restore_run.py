@@ -14,7 +14,6 @@ from rlckpt.controller.config import TrainConfig
 from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
 from rlckpt.errors import (
     CheckpointError,
-    CorruptBundleError,
     RestoreOrderError,
     RestoreRefusedError,
 )
@@ -98,9 +97,11 @@ def test_sidecar_and_snapshot_from_different_saves_are_refused_before_anything_l
             txn.write_bytes(rel, source.read_bytes(rel))
         txn.commit(dict(new.manifest.metadata))
     plane = InMemoryStore()
-    with pytest.raises(CorruptBundleError, match="different saves"):
-        _restore(store, plane=plane)
+    with pytest.raises(CheckpointError, match="cannot resume step 6 .*different saves"):
+        _restore(store, plane=plane, resume_step=6)
     assert plane.is_empty()
+    result, _, _, _ = _restore(store)  # unpinned: the newest bundle that verifies, the mixed one skipped
+    assert result.step == 4 and "different saves" in result.skipped[0].reason
 
 
 def test_a_refused_bundle_leaves_the_phase_closed_to_connect_only_clients(trained_run, tmp_path):
@@ -108,8 +109,8 @@ def test_a_refused_bundle_leaves_the_phase_closed_to_connect_only_clients(traine
     snapshot_meta = Path(run_dir) / "step_4" / layout.DATA_PLANE_METADATA
     os.remove(snapshot_meta)
     phase = RestorePhase()
-    with pytest.raises(CorruptBundleError):
-        _restore(BundleStore(run_dir), phase=phase)
+    with pytest.raises(CheckpointError, match="cannot resume step 4"):
+        _restore(BundleStore(run_dir), phase=phase, resume_step=4)
     with pytest.raises(RestoreOrderError):
         phase.require_ready("the connect-only data-plane client")
 
@@ -122,16 +123,19 @@ def test_a_flipped_byte_in_the_policy_is_caught_before_the_trainer_loads_it(trai
     path.write_bytes(bytes(data))
     trainer_calls: list[bytes] = []
     plane = InMemoryStore()
-    with pytest.raises(CorruptBundleError, match="policy/state.pt"):
+    with pytest.raises(CheckpointError, match="cannot resume step 4 .*policy/state.pt"):
         asyncio.run(
             restore_run(
                 BundleStore(run_dir),
                 trainer=type("T", (), {"load_state_bytes": lambda self, b: trainer_calls.append(b)})(),
                 bootstrap=InMemoryDataPlane(plane),
                 phase=RestorePhase(),
+                resume_step=4,
             )
         )
     assert trainer_calls == [] and plane.is_empty()
+    result, trainer, _, _ = _restore(BundleStore(run_dir))  # unpinned: step 2's policy, never step 4's
+    assert result.step == 2 and trainer.loaded == [BundleStore(run_dir).open(2).read_bytes(layout.POLICY_FILE)]
 
 
 def test_restore_onto_a_data_plane_another_client_touched_is_refused(trained_run):
