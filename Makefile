@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.rlckpt-installed
 
-.PHONY: install demo test test-rgw bench clean
+.PHONY: install demo test lint test-rgw bench clean
 
 install: $(STAMP)
 
@@ -20,8 +20,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	bash scripts/demo.sh
 
-test: $(STAMP)
+# Lint, format and types first (seconds), then the suite.
+test: $(STAMP) lint
 	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # The store suite against a throwaway Ceph RADOS Gateway on 127.0.0.1 (installs Ceph from Debian).
 test-rgw: $(STAMP)

@@ -1,6 +1,6 @@
 """Mean reward over steps of the tiny GRPO (in-process loop, CPU), as a markdown table.
 
-    .venv/bin/python benchmarks/grpo_reward_curve.py --steps 60 --window 5 --seeds 0 1 2
+.venv/bin/python benchmarks/grpo_reward_curve.py --steps 60 --window 5 --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -8,8 +8,16 @@ from __future__ import annotations
 import argparse
 import time
 
-from rlckpt.grpo import DigitSumTask, GenerationWorker, GRPOConfig, PolicyConfig, PromptLoader, Trainer
-from rlckpt.grpo import num_parameters, run_steps
+from rlckpt.grpo import (
+    DigitSumTask,
+    GenerationWorker,
+    GRPOConfig,
+    PolicyConfig,
+    PromptLoader,
+    Trainer,
+    num_parameters,
+    run_steps,
+)
 
 
 def reward_curve(seed: int, steps: int) -> tuple[list[float], float, str]:

@@ -13,6 +13,7 @@ benchmarks/results/store_throughput.json and .md (see --out-dir).
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -27,7 +28,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -230,12 +231,12 @@ def measure(target: Target, src: Path, sizes: dict[str, int], scratch: Path, rep
         raw_dst = f"{strip_protocol(fs, raw_url)}/rep_{rep}"
         store_dir, raw_dir = scratch / f"load_store_{rep}", scratch / f"load_raw_{rep}"
         ops: list[tuple[str, Callable[[], None]]] = [
-            ("raw_save", lambda: raw_save(fs, src, raw_dst)),
-            ("store_save", lambda: store_save(store, rep, src)),
+            ("raw_save", functools.partial(raw_save, fs, src, raw_dst)),
+            ("store_save", functools.partial(store_save, store, rep, src)),
         ]
         loads: list[tuple[str, Callable[[], None]]] = [
-            ("raw_load", lambda: raw_load(fs, raw_dst, raw_dir)),
-            ("store_load", lambda: store_load(store, rep, store_dir)),
+            ("raw_load", functools.partial(raw_load, fs, raw_dst, raw_dir)),
+            ("store_load", functools.partial(store_load, store, rep, store_dir)),
         ]
         if rep % 2:
             ops.reverse()
@@ -243,8 +244,8 @@ def measure(target: Target, src: Path, sizes: dict[str, int], scratch: Path, rep
         local = "://" not in store_url
         floor_dst, floor_dir = f"{strip_protocol(fs, raw_url)}/floor_{rep}", scratch / f"load_floor_{rep}"
         if local:
-            ops.append(("floor_save", lambda: floor_save(fs, src, floor_dst)))
-            loads.append(("floor_load", lambda: floor_load(fs, raw_dst, floor_dir)))
+            ops.append(("floor_save", functools.partial(floor_save, fs, src, floor_dst)))
+            loads.append(("floor_load", functools.partial(floor_load, fs, raw_dst, floor_dir)))
         for name, op in ops + loads:
             samples.setdefault(name, []).append(timed(op))
         if local:
@@ -274,8 +275,20 @@ def measure(target: Target, src: Path, sizes: dict[str, int], scratch: Path, rep
 
 # --- reporting ------------------------------------------------------------------------------------
 
-HEADERS = ["backend", "MiB", "files", "save store s", "save raw s", "save ×", "load store s", "load raw s", "load ×",
-           "save MiB/s store/raw", "load MiB/s store/raw", "store / floor save, load"]
+HEADERS = [
+    "backend",
+    "MiB",
+    "files",
+    "save store s",
+    "save raw s",
+    "save ×",
+    "load store s",
+    "load raw s",
+    "load ×",
+    "save MiB/s store/raw",
+    "load MiB/s store/raw",
+    "store / floor save, load",
+]
 
 
 def table_cells(row: Row) -> list[str]:
@@ -291,7 +304,8 @@ def table_cells(row: Row) -> list[str]:
         f"{row.load_ratio:.2f}",
         f"{row.store_save_mib_s:.0f} / {row.raw_save_mib_s:.0f}",
         f"{row.store_load_mib_s:.0f} / {row.raw_load_mib_s:.0f}",
-        "-" if row.floor_save_s is None or row.floor_load_s is None
+        "-"
+        if row.floor_save_s is None or row.floor_load_s is None
         else f"{row.store_save_s / row.floor_save_s:.2f}, {row.store_load_s / row.floor_load_s:.2f}",
     ]
 
@@ -299,8 +313,8 @@ def table_cells(row: Row) -> list[str]:
 def text_table(rows: list[Row]) -> str:
     cells = [table_cells(r) for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(HEADERS)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(HEADERS, widths))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    lines = ["  ".join(h.rjust(w) for h, w in zip(HEADERS, widths, strict=True))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
     return "\n".join(lines)
 
 
@@ -308,7 +322,8 @@ def markdown_table(rows: list[Row], meta: dict[str, Any]) -> str:
     lines = [
         "# Store throughput",
         "",
-        f"`benchmarks/store_throughput.py`, {meta['when']}, {meta['cpus']} CPUs (load average {meta['load_average_1m']}), "
+        f"`benchmarks/store_throughput.py`, {meta['when']}, {meta['cpus']} CPUs "
+        f"(load average {meta['load_average_1m']}), "
         f"median of {meta['repeats']} runs. "
         f"Ratio = store time / raw fsspec copy time (target ≤ {TARGET_RATIO}). Local disk also has a *floor*: "
         "the raw copy plus sha256 of every file (and fsync of every file on save) — the least any durable, "
@@ -323,7 +338,9 @@ def markdown_table(rows: list[Row], meta: dict[str, Any]) -> str:
 
 def write_results(rows: list[Row], meta: dict[str, Any], out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "store_throughput.json").write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
+    (out_dir / "store_throughput.json").write_text(
+        json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2) + "\n"
+    )
     (out_dir / "store_throughput.md").write_text(markdown_table(rows, meta))
 
 
@@ -333,8 +350,12 @@ def write_results(rows: list[Row], meta: dict[str, Any], out_dir: Path) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="64,512", help="comma-separated total sizes in MiB (default: 64,512)")
-    parser.add_argument("--quick", action="store_true", help=f"one tiny size ({QUICK_SIZE_MIB:g} MiB), one repeat: a smoke test")
-    parser.add_argument("--backends", default="local,s3", help="comma-separated from local, s3 (moto), rgw (default: local,s3)")
+    parser.add_argument(
+        "--quick", action="store_true", help=f"one tiny size ({QUICK_SIZE_MIB:g} MiB), one repeat: a smoke test"
+    )
+    parser.add_argument(
+        "--backends", default="local,s3", help="comma-separated from local, s3 (moto), rgw (default: local,s3)"
+    )
     parser.add_argument("--rgw-endpoint", help="also run against this Ceph RGW endpoint (scripts/rgw.sh start)")
     parser.add_argument("--rgw-key", default="testing")
     parser.add_argument("--rgw-secret", default="testing")
@@ -395,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(measure(target, src, sizes, scratch, args.repeats))
                 shutil.rmtree(src)
     meta = {
-        "when": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "when": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "cpus": os.cpu_count(),
         "load_average_1m": round(os.getloadavg()[0], 2),  # other work on the machine skews the figures
         "python": platform.python_version(),

@@ -35,12 +35,16 @@ def destinations(tmp_path, s3_endpoint):
 
 
 def test_barrier_sweep_measures_every_point_and_writes_its_reports(tq_session, destinations, tmp_path):
-    config = BarrierConfig(sizes_mib=[0.25], saves=1, save_gap_s=0.2, warmup_s=0.1, tail_s=0.1,
-                           policy_mib=0.25, shape=TINY_ROWS)
+    config = BarrierConfig(
+        sizes_mib=[0.25], saves=1, save_gap_s=0.2, warmup_s=0.1, tail_s=0.1, policy_mib=0.25, shape=TINY_ROWS
+    )
     points = run_sweep(config, destinations, connect=connect_client, reset=reset_tq_state)
 
     assert [(p.destination, p.upload_timing) for p in points] == [
-        ("local", "inline"), ("local", "staged"), ("s3-moto", "inline"), ("s3-moto", "staged")
+        ("local", "inline"),
+        ("local", "staged"),
+        ("s3-moto", "inline"),
+        ("s3-moto", "staged"),
     ]
     for p in points:
         assert len(p.saves) == 1 and p.saves[0].bytes_written > 0
@@ -50,7 +54,9 @@ def test_barrier_sweep_measures_every_point_and_writes_its_reports(tq_session, d
     write_json(tmp_path / "out.json", result_document(points, config, {"command": "test"}))
     document = json.loads((tmp_path / "out.json").read_text())
     assert {t["target"] for t in document["targets"]} == {
-        "staged S3 p99 <= 1.25x staged local", "staged >= 5x lower p99 than inline on S3", "window <= TQ snapshot + 10 ms"
+        "staged S3 p99 <= 1.25x staged local",
+        "staged >= 5x lower p99 than inline on S3",
+        "window <= TQ snapshot + 10 ms",
     }
     assert barrier_table(points).count("\n") == 2 + len(points)
     assert "window <= TQ snapshot" in targets_table(evaluate_targets(points))

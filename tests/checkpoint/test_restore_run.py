@@ -156,8 +156,13 @@ def test_a_bundle_of_the_previous_run_bundle_format_is_refused_naming_its_format
     store = BundleStore(str(tmp_path / "run"))
     bundle = BundleStore(trained_run).open(4)
     old = dict(bundle.manifest.metadata)  # what format 1 wrote: "mode" and "save_mode"
-    old.update({layout.META_FORMAT: 1, "mode": old.pop(layout.META_ROLLOUT_ORDER),
-                "save_mode": old.pop(layout.META_UPLOAD_TIMING)})
+    old.update(
+        {
+            layout.META_FORMAT: 1,
+            "mode": old.pop(layout.META_ROLLOUT_ORDER),
+            "save_mode": old.pop(layout.META_UPLOAD_TIMING),
+        }
+    )
     with store.begin(4) as txn:
         for rel in bundle.manifest.files:
             txn.write_bytes(rel, bundle.read_bytes(rel))

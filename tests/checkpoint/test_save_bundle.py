@@ -35,7 +35,10 @@ class FailingPolicy:
 
 def _rows(seed: int) -> list[dict[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
-    return [{"completion": torch.randint(0, 10, (6,), generator=g), "reward": torch.rand(1, generator=g)} for _ in range(GROUP)]
+    return [
+        {"completion": torch.randint(0, 10, (6,), generator=g), "reward": torch.rand(1, generator=g)}
+        for _ in range(GROUP)
+    ]
 
 
 async def _parts(url, options, policy=None, groups=3, pending=1):

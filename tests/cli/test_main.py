@@ -80,9 +80,21 @@ def _console_script() -> list[str]:
 def test_console_script_runs_ls_and_verify_as_a_real_process(run):
     run.commit(1)
     env = dict(os.environ)
-    ls = subprocess.run([*_console_script(), "ls", run.url, "--json", *run.options_args()], capture_output=True, text=True, env=env, timeout=120)
+    ls = subprocess.run(
+        [*_console_script(), "ls", run.url, "--json", *run.options_args()],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert ls.returncode == 0, ls.stderr
     assert [(r["step"], r["state"]) for r in json.loads(ls.stdout)] == [(1, "committed")]
-    verify = subprocess.run([*_console_script(), "verify", run.url, "--step", "2", *run.options_args()], capture_output=True, text=True, env=env, timeout=120)
+    verify = subprocess.run(
+        [*_console_script(), "verify", run.url, "--step", "2", *run.options_args()],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert verify.returncode == 2
     assert "Traceback" not in verify.stderr

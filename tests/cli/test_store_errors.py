@@ -25,7 +25,11 @@ def _one_line(err: str) -> bool:
 def test_unknown_protocol_is_one_line_naming_it_with_exit_64(cli, command):
     result = cli(command, "foo://bucket/run")
     assert result.code == 64 and _one_line(result.err)
-    assert result.err.startswith(f"rlckpt {command}: error: ") and "foo://bucket/run" in result.err and "'foo'" in result.err
+    assert (
+        result.err.startswith(f"rlckpt {command}: error: ")
+        and "foo://bucket/run" in result.err
+        and "'foo'" in result.err
+    )
 
 
 @pytest.mark.parametrize("command", COMMANDS)

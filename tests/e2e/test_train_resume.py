@@ -24,8 +24,20 @@ RUN_TIMEOUT_S = 420
 
 
 def _train(run_dir: str, steps: int, *extra: str, env: dict[str, str] | None = None) -> dict:
-    cmd = [sys.executable, "-m", "rlckpt.cli.main", "train", "--run-dir", run_dir, "--steps", str(steps),
-           "--save-every", "2", "--json", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlckpt.cli.main",
+        "train",
+        "--run-dir",
+        run_dir,
+        "--steps",
+        str(steps),
+        "--save-every",
+        "2",
+        "--json",
+        *extra,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env, check=False)
     assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -47,7 +59,9 @@ def test_in_order_resume_from_local_disk_on_a_fresh_cluster_is_exact(straight_ru
     assert first["trained_draws"] + second["trained_draws"] == straight_run["trained_draws"]
 
 
-def test_in_order_resume_from_s3_with_an_empty_staging_dir_is_exact(straight_run, tmp_path, s3_run_url, s3_storage_options):
+def test_in_order_resume_from_s3_with_an_empty_staging_dir_is_exact(
+    straight_run, tmp_path, s3_run_url, s3_storage_options
+):
     options = json.dumps(s3_storage_options)
     _train(s3_run_url, 4, "--storage-options", options)
     staging = tmp_path / "fresh-machine-staging"
@@ -63,7 +77,10 @@ def test_a_corrupt_newest_bundle_is_skipped_loudly_and_the_run_still_ends_exact(
     corrupt_file(BundleStore(run_dir), 8, "policy/state.pt", "flip")
     pinned = subprocess.run(
         [sys.executable, "-m", "rlckpt.cli.main", "train", "--run-dir", run_dir, "--steps", "8", "--resume-step", "8"],
-        capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
     )
     assert pinned.returncode == 3, pinned.stderr[-2000:]
     assert "cannot resume step 8" in pinned.stderr and "policy/state.pt" in pinned.stderr
@@ -96,8 +113,23 @@ def test_sigkill_in_the_middle_of_a_save_resumes_from_the_previous_bundle(tmp_pa
     run_dir = str(tmp_path / "run")
     held = tmp_path / "save-4-is-held"
     ray_dir = tempfile.mkdtemp(prefix="rlckpt-kill-", dir="/tmp")
-    cmd = [sys.executable, "-m", "rlckpt.testing.held_train", "4", str(held),  # `rlckpt train`, save 4 held
-           "train", "--run-dir", run_dir, "--steps", "6", "--save-every", "2", "--json", "--ray-temp-dir", ray_dir]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlckpt.testing.held_train",
+        "4",
+        str(held),  # `rlckpt train`, save 4 held
+        "train",
+        "--run-dir",
+        run_dir,
+        "--steps",
+        "6",
+        "--save-every",
+        "2",
+        "--json",
+        "--ray-temp-dir",
+        ray_dir,
+    ]
     log = tmp_path / "killed-run.log"  # a file, not a pipe: a full pipe would stall the run
     with open(log, "wb") as sink:
         proc = subprocess.Popen(cmd, stdout=sink, stderr=sink, start_new_session=True)

@@ -55,9 +55,7 @@ def test_ragged_completions_are_refused(rows):
 def test_wrong_dtype_is_refused(rows):
     batch = TrainBatch.from_rows(rows)
     with pytest.raises(InvalidBatchError, match="old_logprobs"):
-        TrainBatch(
-            batch.prompts, batch.completions, batch.old_logprobs.double(), batch.rewards, batch.advantages
-        )
+        TrainBatch(batch.prompts, batch.completions, batch.old_logprobs.double(), batch.rewards, batch.advantages)
 
 
 def test_empty_rows_are_refused():

@@ -251,7 +251,7 @@ def test_random_interleavings_keep_exclusion_and_always_drain(actors):
                     state[key] -= 1
 
         tasks = [asyncio.create_task(actor(kind, delay, hold)) for kind, delay, hold, _ in actors]
-        for (_, delay, hold, cancel), task in zip(actors, tasks, strict=True):
+        for (_, delay, _hold, cancel), task in zip(actors, tasks, strict=True):
             if cancel == "before":
                 task.cancel()
             elif cancel == "inside":

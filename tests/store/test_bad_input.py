@@ -21,7 +21,21 @@ def store(store_location):
     return BundleStore(url, options)
 
 
-UNSAFE_RELPATHS = ["../x", "a/../../x", "/abs", "C:x", "a\\b", "", "a//b", "./a", "a/", "manifest.json", "COMMIT", "a\x00b", 3]
+UNSAFE_RELPATHS = [
+    "../x",
+    "a/../../x",
+    "/abs",
+    "C:x",
+    "a\\b",
+    "",
+    "a//b",
+    "./a",
+    "a/",
+    "manifest.json",
+    "COMMIT",
+    "a\x00b",
+    3,
+]
 
 
 def test_unsafe_relpath_is_refused_at_write(store):
@@ -80,9 +94,8 @@ def test_non_json_metadata_is_refused_and_nothing_is_committed(store):
 
 
 def test_unknown_compression_is_refused(store):
-    with store.begin(1) as txn:
-        with pytest.raises(ValueError, match="compression"):
-            txn.write_bytes("a", b"1", compression="lz4")
+    with store.begin(1) as txn, pytest.raises(ValueError, match="compression"):
+        txn.write_bytes("a", b"1", compression="lz4")
 
 
 def test_unreachable_store_raises_store_unavailable_naming_the_url(store_location, tmp_path):

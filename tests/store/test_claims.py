@@ -125,7 +125,15 @@ def test_claimant_intent_is_never_visible_half_written(tmp_path, monkeypatch):
 def test_intent_with_an_absurd_pid_is_unreadable_not_a_crash(store):
     save_sample(store, 1)
     absurd = canonical_json(
-        {"format": 1, "host": socket.gethostname(), "pid": 2**70, "pid_start": None, "started": time.time(), "step": 3, "txid": "x"}
+        {
+            "format": 1,
+            "host": socket.gethostname(),
+            "pid": 2**70,
+            "pid_start": None,
+            "started": time.time(),
+            "step": 3,
+            "txid": "x",
+        }
     )
     plant(store, "_txn/step_3.json", absurd)
     entries = store.entries()
@@ -145,7 +153,15 @@ def test_intent_naming_a_path_as_its_txid_cannot_make_gc_delete_outside_the_run(
     victim.mkdir()
     (victim / "precious.txt").write_text("keep me")
     hostile = canonical_json(
-        {"format": 1, "host": "elsewhere", "pid": 1, "pid_start": None, "started": 0.0, "step": 3, "txid": "../../victim"}
+        {
+            "format": 1,
+            "host": "elsewhere",
+            "pid": 1,
+            "pid_start": None,
+            "started": 0.0,
+            "step": 3,
+            "txid": "../../victim",
+        }
     )
     plant(store, "_txn/step_3.json", hostile)  # a dead writer's intent, if its txid were believed
     report = store.gc(stale_after=0)

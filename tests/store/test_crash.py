@@ -14,8 +14,14 @@ import pytest
 
 from rlckpt.store import BundleStore
 from rlckpt.testing.faults import FaultPlan, FaultyFileSystem, InjectedFault
-from rlckpt.testing.store_checks import all_paths, debris, declare_writers_dead, multipart_uploads, sample_payload, save_sample
-
+from rlckpt.testing.store_checks import (
+    all_paths,
+    debris,
+    declare_writers_dead,
+    multipart_uploads,
+    sample_payload,
+    save_sample,
+)
 
 _FS_CACHE: dict[str, object] = {}
 
@@ -102,7 +108,7 @@ def test_transient_failure_is_cleaned_up_by_abort_without_gc(store_location, tre
     before = all_paths(base)
     total = calls_of_a_full_save(url, options, tree, 2)
     store = make_store(url, options, FaultPlan(fail_at=total // 2, sticky=False))
-    with pytest.raises(Exception):
+    with pytest.raises(Exception, match="injected fault"):
         save_sample(store, 2, local_dir=tree)
     assert all_paths(base) == before
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import tracemalloc
+from pathlib import Path
 
 import pytest
 import zstandard
@@ -48,7 +49,7 @@ def peak_allocation(action):
     try:
         try:
             outcome = action()
-        except Exception as exc:  # noqa: BLE001 - the caller inspects it
+        except Exception as exc:
             outcome = exc
         return outcome, tracemalloc.get_traced_memory()[1]
     finally:
@@ -89,7 +90,11 @@ def test_two_gib_metadata_file_is_refused_within_a_small_memory_ceiling(local_st
 
 @pytest.mark.parametrize("name", ["COMMIT", "manifest.json", "step_3.json"])
 def test_symlink_to_dev_zero_in_place_of_metadata_is_refused(local_store, name):
-    target = raw_path(local_store, "_txn", name) if name.endswith(".json") and name != "manifest.json" else raw_path(local_store, "step_2", name)
+    target = (
+        raw_path(local_store, "_txn", name)
+        if name.endswith(".json") and name != "manifest.json"
+        else raw_path(local_store, "step_2", name)
+    )
     if os.path.exists(target):
         os.remove(target)
     os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -125,7 +130,7 @@ def test_fifo_in_place_of_metadata_does_not_hang_readers(local_store, name):
 def test_symlinked_data_file_is_refused_even_with_the_right_size(local_store, tmp_path):
     outside = tmp_path / "outside.bin"
     target = raw_path(local_store, "step_2", "policy/weights.bin")
-    outside.write_bytes(open(target, "rb").read())
+    outside.write_bytes(Path(target).read_bytes())
     os.remove(target)
     os.symlink(outside, target)
     with pytest.raises(CorruptBundleError, match="weights.bin.*symlink"):

@@ -92,7 +92,9 @@ def test_open_location_gives_the_root_without_protocol_or_trailing_slash(tmp_pat
 def test_fail_fast_gives_s3_a_small_retry_budget(monkeypatch):
     monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
     monkeypatch.delenv("AWS_RETRY_MODE", raising=False)
-    fs, _root = open_location("s3://bucket/run", {**CREDENTIALS, "endpoint_url": "http://127.0.0.1:9000"}, fail_fast=True)
+    fs, _root = open_location(
+        "s3://bucket/run", {**CREDENTIALS, "endpoint_url": "http://127.0.0.1:9000"}, fail_fast=True
+    )
     assert fs.config_kwargs == FAIL_FAST_S3_CONFIG and fs.retries == FAIL_FAST_S3FS_RETRIES
 
 

@@ -15,7 +15,13 @@ import pytest
 
 from rlckpt.errors import LostWriteError, ParticipantError, SharedStorageError, TransactionStateError
 from rlckpt.store import BundleStore, Receipt
-from rlckpt.testing.store_checks import debris, declare_writers_dead, make_intent_foreign, multipart_uploads, save_sample
+from rlckpt.testing.store_checks import (
+    debris,
+    declare_writers_dead,
+    make_intent_foreign,
+    multipart_uploads,
+    save_sample,
+)
 
 
 @pytest.fixture
@@ -60,7 +66,12 @@ def test_participants_in_other_processes_write_into_one_commit(store):
     txn.write_bytes("train_dataloader.pt", b"position")
     handle = json.dumps(txn.handle().to_json())
     procs = [
-        subprocess.run([sys.executable, "-c", PARTICIPANT, handle, str(rank)], capture_output=True, timeout=120, env=dict(os.environ))
+        subprocess.run(
+            [sys.executable, "-c", PARTICIPANT, handle, str(rank)],
+            capture_output=True,
+            timeout=120,
+            env=dict(os.environ),
+        )
         for rank in (0, 1)
     ]
     for proc in procs:
@@ -68,7 +79,11 @@ def test_participants_in_other_processes_write_into_one_commit(store):
     receipts = [Receipt.from_json(json.loads(proc.stdout)) for proc in procs]
     manifest = txn.commit({"world_size": 2}, receipts=receipts, participants={"rank0", "rank1"})
     assert sorted(manifest.files) == [
-        "policy/__0_0.distcp", "policy/__0_1.distcp", "policy/__1_0.distcp", "policy/__1_1.distcp", "train_dataloader.pt"
+        "policy/__0_0.distcp",
+        "policy/__0_1.distcp",
+        "policy/__1_0.distcp",
+        "policy/__1_1.distcp",
+        "train_dataloader.pt",
     ]
     bundle = store.open(2)
     bundle.verify()
@@ -99,7 +114,14 @@ def test_a_missing_participant_is_refused(store):
     txn = store.begin(2)
     r0 = participate(store, txn, "rank0", {"a0": shard(0)})
     participate(store, txn, "rank1", {"a1": shard(1)})
-    refused(store, txn, ParticipantError, r"no receipt from participant\(s\) \['rank1'\]", receipts=[r0], participants={"rank0", "rank1"})
+    refused(
+        store,
+        txn,
+        ParticipantError,
+        r"no receipt from participant\(s\) \['rank1'\]",
+        receipts=[r0],
+        participants={"rank0", "rank1"},
+    )
 
 
 def test_a_duplicated_participant_is_refused(store):
@@ -125,14 +147,22 @@ def test_two_participants_claiming_one_path_are_refused(store):
     txn = store.begin(2)
     r0 = participate(store, txn, "rank0", {"shared.bin": shard(0)})
     r1 = Receipt(txn.txid, "rank1", dict(r0.files))
-    refused(store, txn, ParticipantError, "shared.bin was written by participant rank0 and by participant rank1", receipts=[r0, r1])
+    refused(
+        store,
+        txn,
+        ParticipantError,
+        "shared.bin was written by participant rank0 and by participant rank1",
+        receipts=[r0, r1],
+    )
 
 
 def test_a_participant_path_clashing_with_the_coordinators_is_refused(store):
     txn = store.begin(2)
     txn.write_bytes("meta.bin", b"coordinator")
     r0 = participate(store, txn, "rank0", {"meta.bin": b"participant"})
-    refused(store, txn, ParticipantError, "meta.bin was written by the coordinator and by participant rank0", receipts=[r0])
+    refused(
+        store, txn, ParticipantError, "meta.bin was written by the coordinator and by participant rank0", receipts=[r0]
+    )
 
 
 def test_a_listed_file_that_is_absent_is_refused(store):
@@ -227,7 +257,9 @@ def test_a_participant_killed_mid_write_aborts_the_save_and_gc_removes_its_debri
     txn = store.begin(2)
     r0 = participate(store, txn, "rank0", {"policy/__0_0.distcp": shard(0)})
     proc = subprocess.Popen(
-        [sys.executable, "-c", DYING_PARTICIPANT, json.dumps(txn.handle().to_json())], stdout=subprocess.PIPE, env=dict(os.environ)
+        [sys.executable, "-c", DYING_PARTICIPANT, json.dumps(txn.handle().to_json())],
+        stdout=subprocess.PIPE,
+        env=dict(os.environ),
     )
     try:
         assert proc.stdout.readline().strip() == b"writing"

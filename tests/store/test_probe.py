@@ -31,10 +31,9 @@ def test_store_that_ignores_create_exclusive_is_refused(s3_run_url, s3_storage_o
 def test_allow_unsafe_writes_with_a_loud_warning(s3_run_url, s3_storage_options, caplog):
     real = BundleStore(s3_run_url, s3_storage_options).fs
     store = BundleStore(s3_run_url, s3_storage_options, fs=IgnoresCreateExclusive(real), allow_unsafe=True)
-    with pytest.warns(RuntimeWarning, match="UNSAFE"):
-        with store.begin(1) as txn:
-            txn.write_bytes("a", b"1")
-            txn.commit()
+    with pytest.warns(RuntimeWarning, match="UNSAFE"), store.begin(1) as txn:
+        txn.write_bytes("a", b"1")
+        txn.commit()
     assert "UNSAFE" in caplog.text
     assert store.steps() == [1]
 
@@ -69,7 +68,9 @@ def test_create_exclusive_is_probed_once_per_store(s3_run_url, s3_storage_option
 
     probes = []
     real_probe = ObjectBackend.create_exclusive_enforced
-    monkeypatch.setattr(ObjectBackend, "create_exclusive_enforced", lambda backend: probes.append(1) or real_probe(backend))
+    monkeypatch.setattr(
+        ObjectBackend, "create_exclusive_enforced", lambda backend: probes.append(1) or real_probe(backend)
+    )
     store = BundleStore(s3_run_url, s3_storage_options)
     for step in (1, 2):
         with store.begin(step) as txn:

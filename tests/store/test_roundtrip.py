@@ -109,12 +109,11 @@ def test_open_of_uncommitted_step_is_refused_while_it_is_written(store):
 def test_exception_inside_the_block_aborts_and_removes_everything(store):
     save_sample(store, 1)
     before = all_paths(store)
-    with pytest.raises(RuntimeError, match="boom"):
-        with store.begin(2) as txn:
-            txn.write_bytes("a", b"1" * 100)
-            with txn.open("b") as stream:
-                stream.write(b"partial")
-                raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), store.begin(2) as txn:
+        txn.write_bytes("a", b"1" * 100)
+        with txn.open("b") as stream:
+            stream.write(b"partial")
+            raise RuntimeError("boom")
     assert store.steps() == [1]
     assert all_paths(store) == before
     assert debris(store) == []
@@ -132,10 +131,9 @@ def test_leaving_the_block_without_commit_aborts(store):
 def test_failed_file_inside_a_transaction_is_not_part_of_the_bundle(store):
     with store.begin(1) as txn:
         txn.write_bytes("kept", b"k")
-        with pytest.raises(ValueError):
-            with txn.open("dropped") as stream:
-                stream.write(b"half")
-                raise ValueError("writer failed")
+        with pytest.raises(ValueError), txn.open("dropped") as stream:
+            stream.write(b"half")
+            raise ValueError("writer failed")
         manifest = txn.commit()
     assert sorted(manifest.files) == ["kept"]
     store.open(1).verify()

@@ -16,21 +16,25 @@ URL = "s3://bucket/run"
 
 
 def _raised_through(exc: BaseException) -> BaseException:
-    with pytest.raises(Exception) as info:
-        with unavailable_as_store_error(URL, "beginning step 3"):
-            raise exc
+    with pytest.raises(Exception) as info, unavailable_as_store_error(URL, "beginning step 3"):
+        raise exc
     return info.value
 
 
 def _client_error(code: str, status: int) -> ClientError:
-    return ClientError({"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
+    return ClientError(
+        {"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject"
+    )
 
 
 def test_local_permission_error_is_unavailable_naming_store_action_and_path():
     denied = PermissionError(errno.EACCES, "Permission denied", "/data/run/_txn")
     error = _raised_through(denied)
     assert isinstance(error, StoreUnavailableError) and error.__cause__ is denied
-    assert str(error) == f"store {URL} unavailable while beginning step 3: PermissionError: [Errno 13] Permission denied: '/data/run/_txn'"
+    assert (
+        str(error) == f"store {URL} unavailable while beginning step 3: "
+        "PermissionError: [Errno 13] Permission denied: '/data/run/_txn'"
+    )
 
 
 def test_s3_access_denied_translated_by_s3fs_is_unavailable():
@@ -61,7 +65,11 @@ def test_store_set_up_wrong_is_a_config_error_not_an_outage(exc):
 
 @pytest.mark.parametrize(
     "exc",
-    [FileNotFoundError("step_3/COMMIT"), FileExistsError("_txn/step_3.json"), OSError(errno.EINVAL, "PreconditionFailed (412)")],
+    [
+        FileNotFoundError("step_3/COMMIT"),
+        FileExistsError("_txn/step_3.json"),
+        OSError(errno.EINVAL, "PreconditionFailed (412)"),
+    ],
     ids=["missing", "exists", "ceph-412"],
 )
 def test_missing_object_and_create_exclusive_refusal_pass_through(exc):

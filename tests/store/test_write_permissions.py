@@ -10,6 +10,7 @@ from rlckpt.errors import StoreUnavailableError
 from rlckpt.store import BundleStore
 from rlckpt.testing.permissions import mode_enforced
 
+
 @pytest.fixture
 def run_dir(tmp_path):
     path = tmp_path / "run"

@@ -251,14 +251,23 @@ async def run_size(
     pump = RolloutPump(replay, config.shape, rate=config.commit_rate, keep_groups=keep)
     t = time.perf_counter()
     await pump.fill(keep)
-    logger.info("filled %d groups (%.1f MiB) in %.1fs", keep, keep * config.shape.group_bytes / MiB, time.perf_counter() - t)
+    logger.info(
+        "filled %d groups (%.1f MiB) in %.1fs", keep, keep * config.shape.group_bytes / MiB, time.perf_counter() - t
+    )
     trainer = BlobTrainer(int(config.policy_mib * MiB))
     results = []
     for destination in destinations:
         for upload_timing in config.upload_timings:
             point = await run_point(
-                replay, barrier, timed, pump,
-                config=config, size_mib=size_mib, destination=destination, upload_timing=upload_timing, trainer=trainer,
+                replay,
+                barrier,
+                timed,
+                pump,
+                config=config,
+                size_mib=size_mib,
+                destination=destination,
+                upload_timing=upload_timing,
+                trainer=trainer,
                 keepalive=keepalive,
             )
             on_point(point)
@@ -281,8 +290,9 @@ def run_sweep(
         client = connect()
         keepalive: list[Any] = []  # stores die after the loop (see run_point)
         results += asyncio.run(
-            run_size(client, config=config, size_mib=size, destinations=destinations, on_point=on_point,
-                     keepalive=keepalive)
+            run_size(
+                client, config=config, size_mib=size, destinations=destinations, on_point=on_point, keepalive=keepalive
+            )
         )
         keepalive.clear()
     reset()
@@ -323,29 +333,48 @@ def evaluate_targets(points: Sequence[PointResult]) -> list[TargetCheck]:
             local, s3 = _find(points, size, "local", "staged"), _find(points, size, s3_name, "staged")
             if local and s3:
                 ratio = _floored(s3.commits_during_save.p99_ms) / _floored(local.commits_during_save.p99_ms)
-                checks.append(TargetCheck(
-                    "staged S3 p99 <= 1.25x staged local", f"{size:g} MiB {s3_name}", ratio, 1.25, ratio <= 1.25,
-                    f"S3 {s3.commits_during_save.p99_ms:.1f} ms vs local {local.commits_during_save.p99_ms:.1f} ms",
-                ))
+                checks.append(
+                    TargetCheck(
+                        "staged S3 p99 <= 1.25x staged local",
+                        f"{size:g} MiB {s3_name}",
+                        ratio,
+                        1.25,
+                        ratio <= 1.25,
+                        f"S3 {s3.commits_during_save.p99_ms:.1f} ms vs local {local.commits_during_save.p99_ms:.1f} ms",
+                    )
+                )
         if sizes:
             big = max(sizes)
             inline, staged = _find(points, big, s3_name, "inline"), _find(points, big, s3_name, "staged")
             if inline and staged:
                 ratio = _floored(inline.commits_during_save.p99_ms) / _floored(staged.commits_during_save.p99_ms)
-                checks.append(TargetCheck(
-                    "staged >= 5x lower p99 than inline on S3", f"{big:g} MiB {s3_name}", ratio, 5.0, ratio >= 5.0,
-                    f"inline {inline.commits_during_save.p99_ms:.1f} ms vs staged {staged.commits_during_save.p99_ms:.1f} ms",
-                ))
+                checks.append(
+                    TargetCheck(
+                        "staged >= 5x lower p99 than inline on S3",
+                        f"{big:g} MiB {s3_name}",
+                        ratio,
+                        5.0,
+                        ratio >= 5.0,
+                        f"inline {inline.commits_during_save.p99_ms:.1f} ms "
+                        f"vs staged {staged.commits_during_save.p99_ms:.1f} ms",
+                    )
+                )
     for p in points:
         if p.upload_timing != "staged" or not p.saves:
             continue
         worst = max(p.saves, key=lambda s: s.window_minus_snapshot_ms)
-        checks.append(TargetCheck(
-            "window <= TQ snapshot + 10 ms", f"{p.size_mib:g} MiB {p.destination}", p.window_excess_ms, 10.0,
-            p.window_excess_ms <= 10.0,
-            f"worst of {len(p.saves)} saves: window {1e3 * worst.window_s:.1f} ms, snapshot {1e3 * worst.snapshot_s:.1f} ms "
-            f"(listing {worst.list_ms:.1f} ms, index capture {worst.pre_list_ms:.1f} ms); median excess {p.window_excess_median_ms:.1f} ms",
-        ))
+        checks.append(
+            TargetCheck(
+                "window <= TQ snapshot + 10 ms",
+                f"{p.size_mib:g} MiB {p.destination}",
+                p.window_excess_ms,
+                10.0,
+                p.window_excess_ms <= 10.0,
+                f"worst of {len(p.saves)} saves: window {1e3 * worst.window_s:.1f} ms, "
+                f"snapshot {1e3 * worst.snapshot_s:.1f} ms (listing {worst.list_ms:.1f} ms, "
+                f"index capture {worst.pre_list_ms:.1f} ms); median excess {p.window_excess_median_ms:.1f} ms",
+            )
+        )
     return checks
 
 
@@ -356,8 +385,12 @@ def result_document(points: Sequence[PointResult], config: BarrierConfig, meta: 
     out_points = []
     for p in points:
         d = asdict(p)
-        d.update(window_ms=p.window_ms, snapshot_ms=p.snapshot_ms, window_excess_ms=p.window_excess_ms,
-                 window_excess_median_ms=p.window_excess_median_ms)
+        d.update(
+            window_ms=p.window_ms,
+            snapshot_ms=p.snapshot_ms,
+            window_excess_ms=p.window_excess_ms,
+            window_excess_median_ms=p.window_excess_median_ms,
+        )
         out_points.append(d)
     return {
         "benchmark": "barrier_stall",

@@ -64,4 +64,3 @@ def s3_destination(name: str, endpoint: str, key: str = "testing", secret: str =
     if not fs.exists(BUCKET):
         fs.mkdir(BUCKET)
     return Destination(name, f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}", options)
-

@@ -18,7 +18,6 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rlckpt.errors import CheckpointError
@@ -57,9 +56,9 @@ class StderrWatch:
         if self.resumed_at is None and (m := _RESUMED.search(chunk)):
             self.resumed_step, self.restore_s, self.resumed_at = int(m.group(1)), float(m.group(2)), at
             return
-        if self.first_step_at is None and self.resumed_step is not None and (m := _PROGRESS.search(chunk)):
-            if int(m.group(1)) > self.resumed_step:
-                self.first_step_at = at
+        m = _PROGRESS.search(chunk) if self.first_step_at is None and self.resumed_step is not None else None
+        if m and self.resumed_step is not None and int(m.group(1)) > self.resumed_step:
+            self.first_step_at = at
 
 
 def _watch_stream(stream: Any, watch: StderrWatch, started: float, tail: list[bytes]) -> None:
@@ -76,9 +75,22 @@ def _watch_stream(stream: Any, watch: StderrWatch, started: float, tail: list[by
         watch.feed(buffer, time.perf_counter() - started)
 
 
-def _train_command(run_dir: str, steps: int, save_every: int, options: dict[str, Any] | None, extra: list[str]) -> list[str]:
-    cmd = [sys.executable, "-m", "rlckpt.cli.main", "train", "--run-dir", run_dir, "--steps", str(steps),
-           "--save-every", str(save_every), *extra]
+def _train_command(
+    run_dir: str, steps: int, save_every: int, options: dict[str, Any] | None, extra: list[str]
+) -> list[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlckpt.cli.main",
+        "train",
+        "--run-dir",
+        run_dir,
+        "--steps",
+        str(steps),
+        "--save-every",
+        str(save_every),
+        *extra,
+    ]
     if options:
         cmd += ["--storage-options", json.dumps(options)]
     return cmd
@@ -106,7 +118,9 @@ def _run_train(cmd: list[str]) -> tuple[StderrWatch, float]:
     return watch, elapsed
 
 
-def measure_first_step(run_dir: str, storage_options: dict[str, Any] | None = None, *, written_steps: int = 2) -> FirstStepResult:
+def measure_first_step(
+    run_dir: str, storage_options: dict[str, Any] | None = None, *, written_steps: int = 2
+) -> FirstStepResult:
     """Write a bundle at ``written_steps`` with a fresh run, then time a resume on a new cluster."""
     _, write_s = _run_train(_train_command(run_dir, written_steps, written_steps, storage_options, ["--fresh"]))
     with tempfile.TemporaryDirectory(prefix="rlckpt-bench-stage-") as staging:

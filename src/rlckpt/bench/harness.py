@@ -12,7 +12,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -74,14 +74,14 @@ def run_metadata(command: list[str]) -> dict[str, Any]:
         from importlib.metadata import version
 
         tq_version = version("transferqueue")
-    except Exception:  # noqa: BLE001
+    except Exception:
         tq_version = "unknown"
     return {
         "command": " ".join(command),
         "git_commit": _git_commit(),
         "load_average_1m": os.getloadavg()[0],
         "row_parser": "numpy (TransferQueueClient default)",
-        "date_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ"),
+        "date_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%SZ"),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
@@ -96,8 +96,12 @@ def _git_commit() -> str:
     import subprocess
 
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+dirty" if dirty.strip() else "")

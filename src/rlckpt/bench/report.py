@@ -27,7 +27,8 @@ def barrier_table(points: Sequence[PointResult]) -> str:
     """One markdown row per point: stalls (ms), window vs snapshot (ms), save and upload (s), bytes."""
     header = (
         "| data plane | destination | upload timing | commits idle p99 | during save p50 / p99 / max | "
-        "longest window | its TQ snapshot | window − snapshot median / worst | upload (max) | save total (max) | written |\n"
+        "longest window | its TQ snapshot | window − snapshot median / worst | upload (max) | save total (max) | "
+        "written |\n"
         "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     lines = []
@@ -37,9 +38,11 @@ def barrier_table(points: Sequence[PointResult]) -> str:
         total = max(s.total_s for s in p.saves) if p.saves else 0.0
         written = max(s.bytes_written for s in p.saves) / MiB if p.saves else 0.0
         lines.append(
-            f"| {p.data_plane_bytes / MiB:.0f} MiB | {p.destination} | {p.upload_timing} | {_ms(p.commits_idle.p99_ms)} ms | "
-            f"{_ms(d.p50_ms)} / {_ms(d.p99_ms)} / {_ms(d.max_ms)} ms | {_ms(p.window_ms)} ms | {_ms(p.snapshot_ms)} ms | "
-            f"{p.window_excess_median_ms:+.1f} / {p.window_excess_ms:+.1f} ms | {upload:.2f} s | {total:.2f} s | {written:.0f} MiB |"
+            f"| {p.data_plane_bytes / MiB:.0f} MiB | {p.destination} | {p.upload_timing} | "
+            f"{_ms(p.commits_idle.p99_ms)} ms | {_ms(d.p50_ms)} / {_ms(d.p99_ms)} / {_ms(d.max_ms)} ms | "
+            f"{_ms(p.window_ms)} ms | {_ms(p.snapshot_ms)} ms | "
+            f"{p.window_excess_median_ms:+.1f} / {p.window_excess_ms:+.1f} ms | {upload:.2f} s | {total:.2f} s | "
+            f"{written:.0f} MiB |"
         )
     return header + "\n".join(lines) + "\n"
 
@@ -64,7 +67,9 @@ def barrier_plot(points: Sequence[PointResult], path: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     keys = sorted({(p.upload_timing, p.destination) for p in points})
     for timing, dest in keys:
-        series = sorted((p for p in points if p.upload_timing == timing and p.destination == dest), key=lambda p: p.size_mib)
+        series = sorted(
+            (p for p in points if p.upload_timing == timing and p.destination == dest), key=lambda p: p.size_mib
+        )
         sizes = [p.data_plane_bytes / MiB for p in series]
         style = "-" if timing == "staged" else "--"
         marker = {"local": "o", "s3-moto": "s", "s3-rgw": "^"}.get(dest, "x")
@@ -72,9 +77,13 @@ def barrier_plot(points: Sequence[PointResult], path: Path) -> Path:
             values = [max(getattr(p.commits_during_save, metric), 0.01) for p in series]
             ax.plot(sizes, values, style, marker=marker, label=f"{timing} · {dest}")
     snapshots = sorted(
-        (p.data_plane_bytes / MiB, 1e3 * statistics.median(s.snapshot_s for s in p.saves),
-         1e3 * max(s.snapshot_s for s in p.saves))
-        for p in points if p.upload_timing == "staged" and p.saves and p.destination == "local"
+        (
+            p.data_plane_bytes / MiB,
+            1e3 * statistics.median(s.snapshot_s for s in p.saves),
+            1e3 * max(s.snapshot_s for s in p.saves),
+        )
+        for p in points
+        if p.upload_timing == "staged" and p.saves and p.destination == "local"
     )
     if snapshots:
         for ax in axes:
@@ -104,14 +113,15 @@ def save_restore_table(results: Sequence[Any], first_step: Any | None) -> str:
     """Markdown: rlckpt vs raw save and restore per destination (best of the repeats), and the
     fresh-cluster resume figures when measured."""
     header = (
-        "| destination | data plane + policy | rlckpt bundle | rlckpt save | raw save (snapshot + copy) | raw copy only | "
-        "rlckpt restore | raw restore (download + load) | raw download only |\n"
+        "| destination | data plane + policy | rlckpt bundle | rlckpt save | raw save (snapshot + copy) | "
+        "raw copy only | rlckpt restore | raw restore (download + load) | raw download only |\n"
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     lines = []
     for r in results:
         lines.append(
-            f"| {r.destination} | {(r.data_plane_bytes + r.policy_bytes) / MiB:.0f} MiB | {r.bundle_bytes / MiB:.0f} MiB | "
+            f"| {r.destination} | {(r.data_plane_bytes + r.policy_bytes) / MiB:.0f} MiB | "
+            f"{r.bundle_bytes / MiB:.0f} MiB | "
             f"{min(r.save_s):.2f} s | {min(r.raw_save_s):.2f} s | {min(r.raw_copy_s):.2f} s | "
             f"{min(r.restore_s):.2f} s | {min(r.raw_restore_s):.2f} s | {min(r.raw_download_s):.2f} s |"
         )
@@ -119,7 +129,8 @@ def save_restore_table(results: Sequence[Any], first_step: Any | None) -> str:
     if first_step is not None:
         text += (
             "\nFresh cluster, resume from S3 (`rlckpt train`, empty staging dir), seconds after process start:\n\n"
-            "| resumed step | restore_run (driver's figure) | Ray + TQ up and bundle restored | first train step done |\n"
+            "| resumed step | restore_run (driver's figure) | Ray + TQ up and bundle restored | "
+            "first train step done |\n"
             "|---:|---:|---:|---:|\n"
             f"| {first_step.resumed_step} | {first_step.restore_s:.2f} s | {first_step.to_resumed_s:.1f} s | "
             f"{first_step.to_first_step_s:.1f} s |\n"

@@ -39,7 +39,9 @@ class RowShape:
         return max(1, math.ceil(size_mib * MiB / self.group_bytes))
 
 
-def make_group(shape: RowShape, group_seq: int, weight_version: int, generator: torch.Generator) -> list[dict[str, torch.Tensor]]:
+def make_group(
+    shape: RowShape, group_seq: int, weight_version: int, generator: torch.Generator
+) -> list[dict[str, torch.Tensor]]:
     """Fresh random rows of one group (new tensors each call, so no two groups share bytes)."""
     rows = []
     prompt = torch.randint(0, shape.vocab, (shape.prompt_len,), dtype=torch.int64, generator=generator)
@@ -47,7 +49,9 @@ def make_group(shape: RowShape, group_seq: int, weight_version: int, generator: 
         rows.append(
             {
                 "prompt": prompt.clone(),
-                "completion": torch.randint(0, shape.vocab, (shape.completion_len,), dtype=torch.int64, generator=generator),
+                "completion": torch.randint(
+                    0, shape.vocab, (shape.completion_len,), dtype=torch.int64, generator=generator
+                ),
                 "logprobs": -torch.rand(shape.completion_len, generator=generator) * 5,
                 "reward": torch.rand(1, generator=generator),
                 "prompt_id": torch.tensor([group_seq], dtype=torch.int64),

@@ -86,8 +86,14 @@ def _dir_bytes(root: Path) -> int:
 class _Bench:
     """State shared by the repetitions: the replay index and the current data-plane client."""
 
-    def __init__(self, replay: ReplayBuffer, trainer: BlobTrainer, config: SaveRestoreConfig,
-                 connect: Callable[[], DataPlaneClient], reset: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        replay: ReplayBuffer,
+        trainer: BlobTrainer,
+        config: SaveRestoreConfig,
+        connect: Callable[[], DataPlaneClient],
+        reset: Callable[[], None],
+    ) -> None:
         self.replay = replay
         self.trainer = trainer
         self.config = config
@@ -101,9 +107,14 @@ class _Bench:
 
     async def rlckpt_save(self, store: BundleStore, step: int, result: SaveRestoreResult) -> None:
         parts = SaveParticipants(
-            store=store, policy=self.trainer, replay=self.replay,
-            capture_loader_state=lambda: {"bench": True}, rollout_order="async",
-            staging_root=self.config.staging_root, compress_data_plane=self.config.compress, keep_last=1,
+            store=store,
+            policy=self.trainer,
+            replay=self.replay,
+            capture_loader_state=lambda: {"bench": True},
+            rollout_order="async",
+            staging_root=self.config.staging_root,
+            compress_data_plane=self.config.compress,
+            keep_last=1,
         )
         report = await save_bundle(parts, step, upload_timing="staged")
         result.save_s.append(report.total_s)
@@ -176,15 +187,18 @@ async def run_destinations(
     keepalive: list[Any] | None = None,
 ) -> list[SaveRestoreResult]:
     """Fill the (empty) data plane once, then save/restore through rlckpt and raw on each destination."""
-    replay = ReplayBuffer(data_plane, DataPlaneCheckpointBarrier(), partition_id=PARTITION,
-                          group_size=config.shape.group_size)
+    replay = ReplayBuffer(
+        data_plane, DataPlaneCheckpointBarrier(), partition_id=PARTITION, group_size=config.shape.group_size
+    )
     groups = config.shape.groups_for(config.size_mib)
     await RolloutPump(replay, config.shape, rate=1.0, keep_groups=groups).fill(groups)
     trainer = BlobTrainer(int(config.policy_mib * MiB))
     bench = _Bench(replay, trainer, config, connect, reset)
     results = []
     for destination in destinations:
-        result = SaveRestoreResult(destination.name, groups * config.shape.group_bytes, int(config.policy_mib * MiB), 0, 0)
+        result = SaveRestoreResult(
+            destination.name, groups * config.shape.group_bytes, int(config.policy_mib * MiB), 0, 0
+        )
         store = BundleStore(destination.run_url("save"), destination.storage_options)
         if keepalive is not None:  # dropped after the event loop ends (see barrier.run_point)
             keepalive.append(store)
@@ -195,8 +209,15 @@ async def run_destinations(
             await bench.rlckpt_restore(store, result)
             await bench.raw_restore(destination, raw_url, result)
             await run_blocking(destination.filesystem().rm, raw_url, recursive=True)
-            logger.info("%s rep %d: save %.2fs (raw %.2fs), restore %.2fs (raw %.2fs)", destination.name, rep,
-                        result.save_s[-1], result.raw_save_s[-1], result.restore_s[-1], result.raw_restore_s[-1])
+            logger.info(
+                "%s rep %d: save %.2fs (raw %.2fs), restore %.2fs (raw %.2fs)",
+                destination.name,
+                rep,
+                result.save_s[-1],
+                result.raw_save_s[-1],
+                result.restore_s[-1],
+                result.raw_restore_s[-1],
+            )
         results.append(result)
     return results
 
@@ -213,10 +234,10 @@ def run_save_restore(
     keepalive: list[Any] = []
     try:
         return asyncio.run(
-            run_destinations(connect(), config=config, destinations=destinations, connect=connect, reset=reset,
-                             keepalive=keepalive)
+            run_destinations(
+                connect(), config=config, destinations=destinations, connect=connect, reset=reset, keepalive=keepalive
+            )
         )
     finally:
         keepalive.clear()
         reset()
-

@@ -151,7 +151,9 @@ async def _first_that_verifies(
                 raise CorruptBundleError(entry.detail)
             return (*await _fetch_and_check(store, entry.step, staging, expected_rollout_order), skipped)
         except CorruptBundleError as exc:
-            logger.warning("SKIPPING step %d at %s: it does not verify (%s); trying an older bundle", entry.step, store.url, exc)
+            logger.warning(
+                "SKIPPING step %d at %s: it does not verify (%s); trying an older bundle", entry.step, store.url, exc
+            )
             skipped.append(SkippedBundle(entry.step, str(exc)))
     reasons = "; ".join(f"step {s.step}: {s.reason}" for s in skipped)
     raise CheckpointError(
@@ -198,9 +200,7 @@ def _fetch_verified(bundle: Bundle, staging: Path) -> _FetchedPieces:
     )
 
 
-def _check_pairing(
-    manifest: Manifest, pieces: _FetchedPieces, expected_rollout_order: str | None
-) -> dict[str, Any]:
+def _check_pairing(manifest: Manifest, pieces: _FetchedPieces, expected_rollout_order: str | None) -> dict[str, Any]:
     """Refuse a bundle of another run-bundle format, of another rollout order, or whose replay
     index and data-plane snapshot come from different saves."""
     step = manifest.step

@@ -87,9 +87,7 @@ class SaveReport:
     upload_timing: UploadTiming
 
 
-async def save_bundle(
-    parts: SaveParticipants, step: int, *, upload_timing: UploadTiming = "staged"
-) -> SaveReport:
+async def save_bundle(parts: SaveParticipants, step: int, *, upload_timing: UploadTiming = "staged") -> SaveReport:
     """Write and commit the bundle of ``step``; on any failure nothing is committed and it re-raises."""
     started = time.perf_counter()
     # 1: intent recorded. A corrupt bundle at this step (one a resume fell back past) is moved aside.
@@ -136,9 +134,7 @@ async def _write_and_commit(
             window_s = time.perf_counter() - window_started
 
         if upload_timing == "staged":  # 4: outside the window, off the event loop (rollouts resume at once)
-            index, dp_metadata = await run_blocking(
-                _finish_snapshot, captured, snapshot_dir, step, parts.rollout_order
-            )
+            index, dp_metadata = await run_blocking(_finish_snapshot, captured, snapshot_dir, step, parts.rollout_order)
             upload_s = await _upload_snapshot(txn, snapshot_dir, compression)
         await run_blocking(txn.write_bytes, layout.LOADER_FILE, codec.dumps(loader_state))
     await run_blocking(txn.write_bytes, layout.REPLAY_FILE, codec.dumps(index))
@@ -169,7 +165,13 @@ async def _write_and_commit(
     )
     logger.info(
         "saved step %d: %d groups, %.1f MiB, window %.3fs (snapshot %.3fs), upload %.3fs, total %.3fs",
-        step, report.group_count, report.bytes_written / 2**20, window_s, snapshot_s, upload_s, report.total_s,
+        step,
+        report.group_count,
+        report.bytes_written / 2**20,
+        window_s,
+        snapshot_s,
+        upload_s,
+        report.total_s,
     )
     return report
 

@@ -7,7 +7,7 @@ import argparse
 import json
 import logging
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
@@ -67,7 +67,9 @@ def storage_options_arg(text: str) -> dict[str, Any]:
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     """URL, --storage-options and -v/--verbose: the options every store subcommand takes."""
-    parser.add_argument("url", metavar="URL", help="the store: a local path or an fsspec URL (s3://bucket/prefix, file://, memory://)")
+    parser.add_argument(
+        "url", metavar="URL", help="the store: a local path or an fsspec URL (s3://bucket/prefix, file://, memory://)"
+    )
     parser.add_argument(
         "--storage-options",
         metavar="JSON",
@@ -122,14 +124,14 @@ def format_time(value: Any) -> str:
     if value is None or value == "":
         return "-"
     if isinstance(value, (int, float)):
-        moment = datetime.fromtimestamp(value, tz=timezone.utc)
+        moment = datetime.fromtimestamp(value, tz=UTC)
     else:
         try:
             moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
         except ValueError:
             return str(value)
         if moment.tzinfo is not None:
-            moment = moment.astimezone(timezone.utc)
+            moment = moment.astimezone(UTC)
     return moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
@@ -141,7 +143,9 @@ def render_table(headers: list[str], rows: list[list[str]], right_align: set[int
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
 
     def line(cells: list[str]) -> str:
-        parts = [c.rjust(w) if i in right_align else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+        parts = [
+            c.rjust(w) if i in right_align else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
         return "  ".join(parts).rstrip()
 
     return "\n".join([line(headers), *(line(r) for r in rows)])

@@ -51,48 +51,111 @@ def add_parser(subparsers: Any) -> None:
         help="benchmarks: barrier-window stall (barrier), end-to-end save/restore (save)",
         description="Checkpoint benchmarks on a private local Ray + TransferQueue; results go to --out-dir.",
     )
-    sub = parser.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True,
-                                parser_class=_common.UsageExitParser)
+    sub = parser.add_subparsers(
+        dest="bench_command", metavar="BENCHMARK", required=True, parser_class=_common.UsageExitParser
+    )
     _add_barrier(sub)
     _add_save(sub)
 
 
 def _common_bench_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--destinations", type=_csv, default=["local", "s3"], metavar="LIST",
-                        help="comma list of: local (scratch dir on disk), s3 (moto server on loopback); default local,s3")
-    parser.add_argument("--rgw-endpoint", metavar="URL", default=None,
-                        help="also run against this S3 endpoint (e.g. Ceph RGW from scripts/rgw.sh) as s3-rgw")
-    parser.add_argument("--rgw-key", default="testing", metavar="KEY", help="access key for --rgw-endpoint (default testing)")
-    parser.add_argument("--rgw-secret", default="testing", metavar="SECRET", help="secret key for --rgw-endpoint (default testing)")
-    parser.add_argument("--scratch-dir", default=None, metavar="DIR", help="where the local destination lives (default: system temp dir)")
-    parser.add_argument("--staging-dir", default=None, metavar="DIR", help="snapshot staging root (default: /dev/shm when available)")
+    parser.add_argument(
+        "--destinations",
+        type=_csv,
+        default=["local", "s3"],
+        metavar="LIST",
+        help="comma list of: local (scratch dir on disk), s3 (moto server on loopback); default local,s3",
+    )
+    parser.add_argument(
+        "--rgw-endpoint",
+        metavar="URL",
+        default=None,
+        help="also run against this S3 endpoint (e.g. Ceph RGW from scripts/rgw.sh) as s3-rgw",
+    )
+    parser.add_argument(
+        "--rgw-key", default="testing", metavar="KEY", help="access key for --rgw-endpoint (default testing)"
+    )
+    parser.add_argument(
+        "--rgw-secret", default="testing", metavar="SECRET", help="secret key for --rgw-endpoint (default testing)"
+    )
+    parser.add_argument(
+        "--scratch-dir",
+        default=None,
+        metavar="DIR",
+        help="where the local destination lives (default: system temp dir)",
+    )
+    parser.add_argument(
+        "--staging-dir", default=None, metavar="DIR", help="snapshot staging root (default: /dev/shm when available)"
+    )
     parser.add_argument("--no-compress", action="store_true", help="store data-plane files without zstd")
-    parser.add_argument("--out-dir", default=DEFAULT_OUT_DIR, metavar="DIR", help=f"where results are written (default {DEFAULT_OUT_DIR})")
+    parser.add_argument(
+        "--out-dir",
+        default=DEFAULT_OUT_DIR,
+        metavar="DIR",
+        help=f"where results are written (default {DEFAULT_OUT_DIR})",
+    )
     _common.add_verbose_argument(parser)
 
 
 def _add_barrier(sub: Any) -> None:
-    p = sub.add_parser("barrier", help="rollout commit stall while a save holds the barrier window",
-                       description="How long finished rollouts wait at commit while a checkpoint is saved, by data-plane size, destination and upload timing.",
-                       epilog=BARRIER_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", type=_float_csv, default=[16.0, 64.0, 256.0], metavar="MIB,...", help="data-plane sizes in MiB (default 16,64,256)")
-    p.add_argument("--upload-timings", "--modes", dest="upload_timings", type=_csv, default=["inline", "staged"], metavar="LIST",
-                   help="when the snapshot is uploaded: inline,staged (default both; --modes is the old spelling)")
+    p = sub.add_parser(
+        "barrier",
+        help="rollout commit stall while a save holds the barrier window",
+        description=(
+            "How long finished rollouts wait at commit while a checkpoint is saved, by data-plane size, "
+            "destination and upload timing."
+        ),
+        epilog=BARRIER_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--sizes",
+        type=_float_csv,
+        default=[16.0, 64.0, 256.0],
+        metavar="MIB,...",
+        help="data-plane sizes in MiB (default 16,64,256)",
+    )
+    p.add_argument(
+        "--upload-timings",
+        "--modes",
+        dest="upload_timings",
+        type=_csv,
+        default=["inline", "staged"],
+        metavar="LIST",
+        help="when the snapshot is uploaded: inline,staged (default both; --modes is the old spelling)",
+    )
     p.add_argument("--saves", type=int, default=3, metavar="N", help="saves per point (default 3)")
-    p.add_argument("--save-gap", type=float, default=2.0, metavar="SECONDS", help="idle time between saves (default 2.0)")
-    p.add_argument("--rate", type=float, default=20.0, metavar="GROUPS_PER_S", help="commit rate of the rollout pump (default 20)")
-    p.add_argument("--policy-mib", type=float, default=16.0, metavar="MIB", help="policy blob written by each save (default 16)")
+    p.add_argument(
+        "--save-gap", type=float, default=2.0, metavar="SECONDS", help="idle time between saves (default 2.0)"
+    )
+    p.add_argument(
+        "--rate", type=float, default=20.0, metavar="GROUPS_PER_S", help="commit rate of the rollout pump (default 20)"
+    )
+    p.add_argument(
+        "--policy-mib", type=float, default=16.0, metavar="MIB", help="policy blob written by each save (default 16)"
+    )
     p.add_argument("--quick", action="store_true", help="tiny run for a smoke test: 1 and 2 MiB, 1 save, short gaps")
-    p.add_argument("--replot", metavar="JSON", default=None,
-                   help="measure nothing: redraw the table and plot from an earlier barrier_stall.json into --out-dir")
+    p.add_argument(
+        "--replot",
+        metavar="JSON",
+        default=None,
+        help="measure nothing: redraw the table and plot from an earlier barrier_stall.json into --out-dir",
+    )
     _common_bench_args(p)
     p.set_defaults(func=run_barrier)
 
 
 def _add_save(sub: Any) -> None:
-    p = sub.add_parser("save", help="end-to-end save and restore of a whole bundle vs a raw fsspec copy",
-                       description="End-to-end save and restore time of a whole bundle (policy + data plane) against a raw copy of the same bytes, and restore on a fresh cluster from S3 to the first train step.",
-                       epilog=SAVE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "save",
+        help="end-to-end save and restore of a whole bundle vs a raw fsspec copy",
+        description=(
+            "End-to-end save and restore time of a whole bundle (policy + data plane) against a raw copy of the "
+            "same bytes, and restore on a fresh cluster from S3 to the first train step."
+        ),
+        epilog=SAVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--size", type=float, default=256.0, metavar="MIB", help="data-plane size in MiB (default 256)")
     p.add_argument("--policy-mib", type=float, default=64.0, metavar="MIB", help="policy blob size in MiB (default 64)")
     p.add_argument("--repeats", type=int, default=2, metavar="N", help="repetitions per destination (default 2)")
@@ -117,14 +180,16 @@ def _command_line() -> list[str]:
     """The command as typed, for the results: `rlckpt bench ...`, or `python script ...` for a wrapper."""
     argv = sys.argv
     if "bench" in argv:
-        return ["rlckpt", *argv[argv.index("bench"):]]
+        return ["rlckpt", *argv[argv.index("bench") :]]
     return ["python", *argv]
 
 
 def _check_destinations(args: argparse.Namespace) -> None:
     unknown = set(args.destinations) - {"local", "s3"}
     if unknown:
-        raise SystemExit(f"rlckpt bench: unknown destinations {sorted(unknown)} (use local, s3; RGW via --rgw-endpoint)")
+        raise SystemExit(
+            f"rlckpt bench: unknown destinations {sorted(unknown)} (use local, s3; RGW via --rgw-endpoint)"
+        )
 
 
 def run_barrier(args: argparse.Namespace) -> int:
@@ -150,24 +215,39 @@ def run_barrier(args: argparse.Namespace) -> int:
     if bad:
         raise SystemExit(f"rlckpt bench barrier: unknown upload timings {sorted(bad)} (use inline, staged)")
     config = BarrierConfig(
-        sizes_mib=[1.0, 2.0] if args.quick else args.sizes, upload_timings=args.upload_timings,
-        saves=1 if args.quick else args.saves, save_gap_s=0.3 if args.quick else args.save_gap,
-        warmup_s=0.2 if args.quick else 1.0, tail_s=0.2 if args.quick else 0.5,
-        commit_rate=args.rate, policy_mib=1.0 if args.quick else args.policy_mib,
-        staging_root=args.staging_dir, compress=not args.no_compress,
+        sizes_mib=[1.0, 2.0] if args.quick else args.sizes,
+        upload_timings=args.upload_timings,
+        saves=1 if args.quick else args.saves,
+        save_gap_s=0.3 if args.quick else args.save_gap,
+        warmup_s=0.2 if args.quick else 1.0,
+        tail_s=0.2 if args.quick else 0.5,
+        commit_rate=args.rate,
+        policy_mib=1.0 if args.quick else args.policy_mib,
+        staging_root=args.staging_dir,
+        compress=not args.no_compress,
     )
     meta = run_metadata(_command_line())
 
     def show(p: Any) -> None:
         d = p.commits_during_save
-        print(f"  {p.size_mib:>6g} MiB  {p.destination:<8} {p.upload_timing:<7} stall p99 {d.p99_ms:8.1f} ms  max {d.max_ms:8.1f} ms  "
-              f"window {p.window_ms:8.1f} ms  snapshot {p.snapshot_ms:8.1f} ms", file=sys.stderr)
+        print(
+            f"  {p.size_mib:>6g} MiB  {p.destination:<8} {p.upload_timing:<7} "
+            f"stall p99 {d.p99_ms:8.1f} ms  max {d.max_ms:8.1f} ms  "
+            f"window {p.window_ms:8.1f} ms  snapshot {p.snapshot_ms:8.1f} ms",
+            file=sys.stderr,
+        )
 
     print("rlckpt bench barrier: starting Ray + TransferQueue ...", file=sys.stderr)
-    with private_transfer_queue(), destinations(
-        args.destinations, scratch_root=args.scratch_dir, rgw_endpoint=args.rgw_endpoint,
-        rgw_key=args.rgw_key, rgw_secret=args.rgw_secret,
-    ) as dests:
+    with (
+        private_transfer_queue(),
+        destinations(
+            args.destinations,
+            scratch_root=args.scratch_dir,
+            rgw_endpoint=args.rgw_endpoint,
+            rgw_key=args.rgw_key,
+            rgw_secret=args.rgw_secret,
+        ) as dests,
+    ):
         points = run_sweep(config, dests.destinations, connect=connect_client, reset=reset_tq_state, on_point=show)
     out = Path(args.out_dir)
     document = result_document(points, config, meta)
@@ -209,14 +289,22 @@ def run_save(args: argparse.Namespace) -> int:
 
     _check_destinations(args)
     config = SaveRestoreConfig(
-        size_mib=2.0 if args.quick else args.size, policy_mib=1.0 if args.quick else args.policy_mib,
-        repeats=1 if args.quick else args.repeats, staging_root=args.staging_dir, compress=not args.no_compress,
+        size_mib=2.0 if args.quick else args.size,
+        policy_mib=1.0 if args.quick else args.policy_mib,
+        repeats=1 if args.quick else args.repeats,
+        staging_root=args.staging_dir,
+        compress=not args.no_compress,
     )
     meta = run_metadata(_command_line())
     print("rlckpt bench save: starting Ray + TransferQueue ...", file=sys.stderr)
     first_step = None
-    with destinations(args.destinations, scratch_root=args.scratch_dir, rgw_endpoint=args.rgw_endpoint,
-                      rgw_key=args.rgw_key, rgw_secret=args.rgw_secret) as dests:
+    with destinations(
+        args.destinations,
+        scratch_root=args.scratch_dir,
+        rgw_endpoint=args.rgw_endpoint,
+        rgw_key=args.rgw_key,
+        rgw_secret=args.rgw_secret,
+    ) as dests:
         with private_transfer_queue():
             results = run_save_restore(config, dests.destinations, connect=connect_client, reset=reset_tq_state)
         s3 = next((d for d in dests.destinations if d.is_s3), None)

@@ -33,7 +33,9 @@ def add_parser(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _common.add_common_arguments(parser)
-    parser.add_argument("--keep-last", type=_positive_int, metavar="K", help="keep only the K newest committed bundles (K >= 1)")
+    parser.add_argument(
+        "--keep-last", type=_positive_int, metavar="K", help="keep only the K newest committed bundles (K >= 1)"
+    )
     parser.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
     parser.add_argument(
         "--stale-after",

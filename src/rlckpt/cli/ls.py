@@ -37,7 +37,7 @@ def add_parser(subparsers: Any) -> None:
 
 def entry_record(entry: Any) -> dict[str, Any]:
     """A store entry as a plain dict (the --json form)."""
-    if dataclasses.is_dataclass(entry):
+    if dataclasses.is_dataclass(entry) and not isinstance(entry, type):
         return dataclasses.asdict(entry)
     return dict(vars(entry))
 

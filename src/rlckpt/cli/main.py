@@ -51,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_common.UsageExitParser)
+    subparsers = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, parser_class=_common.UsageExitParser
+    )
     for module_name in SUBCOMMANDS:
         importlib.import_module(module_name).add_parser(subparsers)
     return parser

@@ -43,20 +43,83 @@ def add_parser(subparsers: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--run-dir", required=True, metavar="URL", help="where bundles go: a local path or an fsspec URL (s3://bucket/prefix)")
-    parser.add_argument("--steps", type=_non_negative, default=8, metavar="N", help="train until N steps are done (default 8)")
-    parser.add_argument("--save-every", type=_positive, default=2, metavar="K", help="save a bundle every K steps (default 2)")
-    parser.add_argument("--mode", choices=("in_order", "async"), default="in_order", help="in_order: step k trains the groups generated with weights k (deterministic); async: bounded staleness")
-    parser.add_argument("--max-staleness", type=_non_negative, default=1, metavar="S", help="async mode: generate with weights at most S steps old (default 1)")
-    parser.add_argument("--storage-options", metavar="JSON", type=_common.storage_options_arg, default=None, help="fsspec options for the run dir's filesystem, as a JSON object")
+    parser.add_argument(
+        "--run-dir",
+        required=True,
+        metavar="URL",
+        help="where bundles go: a local path or an fsspec URL (s3://bucket/prefix)",
+    )
+    parser.add_argument(
+        "--steps", type=_non_negative, default=8, metavar="N", help="train until N steps are done (default 8)"
+    )
+    parser.add_argument(
+        "--save-every", type=_positive, default=2, metavar="K", help="save a bundle every K steps (default 2)"
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("in_order", "async"),
+        default="in_order",
+        help="in_order: step k trains the groups generated with weights k (deterministic); async: bounded staleness",
+    )
+    parser.add_argument(
+        "--max-staleness",
+        type=_non_negative,
+        default=1,
+        metavar="S",
+        help="async mode: generate with weights at most S steps old (default 1)",
+    )
+    parser.add_argument(
+        "--storage-options",
+        metavar="JSON",
+        type=_common.storage_options_arg,
+        default=None,
+        help="fsspec options for the run dir's filesystem, as a JSON object",
+    )
     start = parser.add_mutually_exclusive_group()
-    start.add_argument("--fresh", action="store_true", help="start from scratch (refused if the run dir already has committed bundles)")
-    start.add_argument("--resume-step", type=_non_negative, default=None, metavar="N", help="resume exactly bundle N and fail if it does not verify (default: the newest bundle that verifies; newer ones that do not are skipped and reported)")
-    parser.add_argument("--keep-last", type=_positive, default=None, metavar="K", help="after each commit keep only the K newest bundles (default: keep all)")
-    parser.add_argument("--staging-dir", default=None, metavar="DIR", help="local staging for data-plane snapshots (default: /dev/shm when available)")
-    parser.add_argument("--save-failure", choices=("stop", "continue"), default="stop", help="what a failed save does: stop the run (default) or log and go on")
-    parser.add_argument("--ray-temp-dir", default=None, metavar="DIR", help="where the private Ray cluster keeps sockets and logs (default: a new dir under /tmp, removed at exit)")
-    parser.add_argument("--compress", choices=("auto", "zstd", "none"), default="auto", help="data-plane files: zstd on object stores and plain on local disk (auto, default), or always zstd / never")
+    start.add_argument(
+        "--fresh", action="store_true", help="start from scratch (refused if the run dir already has committed bundles)"
+    )
+    start.add_argument(
+        "--resume-step",
+        type=_non_negative,
+        default=None,
+        metavar="N",
+        help=(
+            "resume exactly bundle N and fail if it does not verify (default: the newest bundle that "
+            "verifies; newer ones that do not are skipped and reported)"
+        ),
+    )
+    parser.add_argument(
+        "--keep-last",
+        type=_positive,
+        default=None,
+        metavar="K",
+        help="after each commit keep only the K newest bundles (default: keep all)",
+    )
+    parser.add_argument(
+        "--staging-dir",
+        default=None,
+        metavar="DIR",
+        help="local staging for data-plane snapshots (default: /dev/shm when available)",
+    )
+    parser.add_argument(
+        "--save-failure",
+        choices=("stop", "continue"),
+        default="stop",
+        help="what a failed save does: stop the run (default) or log and go on",
+    )
+    parser.add_argument(
+        "--ray-temp-dir",
+        default=None,
+        metavar="DIR",
+        help="where the private Ray cluster keeps sockets and logs (default: a new dir under /tmp, removed at exit)",
+    )
+    parser.add_argument(
+        "--compress",
+        choices=("auto", "zstd", "none"),
+        default="auto",
+        help="data-plane files: zstd on object stores and plain on local disk (auto, default), or always zstd / never",
+    )
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON line on stdout")
     _common.add_verbose_argument(parser)
     parser.set_defaults(func=run)
@@ -117,10 +180,16 @@ def run(args: argparse.Namespace, *, before_commit: SaveHook | None = None) -> i
         start = controller.restored.step if controller.restored else 0
         skipped = controller.restored.skipped if controller.restored else []
         for bundle in skipped:
-            print(f"rlckpt train: SKIPPED step {bundle.step}: it does not verify ({_common.printable(bundle.reason)})", file=sys.stderr)
+            print(
+                f"rlckpt train: SKIPPED step {bundle.step}: it does not verify ({_common.printable(bundle.reason)})",
+                file=sys.stderr,
+            )
         if controller.restored:
-            print(f"rlckpt train: resumed step {start} from {_common.printable(controller.store.url)} "
-                  f"({controller.restored.seconds:.1f}s)", file=sys.stderr)
+            print(
+                f"rlckpt train: resumed step {start} from {_common.printable(controller.store.url)} "
+                f"({controller.restored.seconds:.1f}s)",
+                file=sys.stderr,
+            )
         bar = tqdm(total=config.steps, initial=start, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
 
         def on_event(event: dict[str, Any]) -> None:
@@ -155,6 +224,8 @@ def run(args: argparse.Namespace, *, before_commit: SaveHook | None = None) -> i
         print(json.dumps(result, sort_keys=True))
     else:
         reward = "-" if summary.reward is None else f"{summary.reward:.3f}"
-        print(f"step {summary.step}  reward {reward}  policy_sha256 {summary.policy_sha256[:16]}…  "
-              f"bundles {bundles}  ({summary.steps_run} steps this run, resumed from {summary.resumed_from})")
+        print(
+            f"step {summary.step}  reward {reward}  policy_sha256 {summary.policy_sha256[:16]}…  "
+            f"bundles {bundles}  ({summary.steps_run} steps this run, resumed from {summary.resumed_from})"
+        )
     return _common.EXIT_OK

@@ -54,7 +54,9 @@ def add_parser(subparsers: Any) -> None:
     which.add_argument("--all", action="store_true", help="verify every step that has a COMMIT marker")
     parser.add_argument("--json", action="store_true", help="print the verdicts as JSON on stdout")
     bar = parser.add_mutually_exclusive_group()
-    bar.add_argument("--progress", dest="progress", action="store_true", default=None, help="always show the progress bar")
+    bar.add_argument(
+        "--progress", dest="progress", action="store_true", default=None, help="always show the progress bar"
+    )
     bar.add_argument("--no-progress", dest="progress", action="store_false", help="never show the progress bar")
     parser.set_defaults(func=run)
 
@@ -83,7 +85,9 @@ def _verify_bundle(bundle: Any, step: int, progress: bool | None) -> None:
         return
     from tqdm import tqdm
 
-    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"step {step}", file=sys.stderr, leave=False) as bar:
+    with tqdm(
+        total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"step {step}", file=sys.stderr, leave=False
+    ) as bar:
         bundle.verify(progress=bar.update)
 
 

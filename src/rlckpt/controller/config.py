@@ -44,7 +44,9 @@ class TrainConfig:
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
         if self.resume_step is not None and (self.fresh or self.resume_step < 0):
-            raise ValueError(f"resume_step must be >= 0 and cannot go with fresh, got {self.resume_step} (fresh={self.fresh})")
+            raise ValueError(
+                f"resume_step must be >= 0 and cannot go with fresh, got {self.resume_step} (fresh={self.fresh})"
+            )
         if self.save_failure not in ("stop", "continue"):
             raise ValueError(f"save_failure must be 'stop' or 'continue', got {self.save_failure!r}")
 

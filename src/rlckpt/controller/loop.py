@@ -14,6 +14,7 @@ works (bounded staleness). In both, every drawn prompt is trained exactly once, 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -175,7 +176,7 @@ class ControllerLoop:
         while True:  # runs ahead of the trainer by at most max_ahead steps; cancelled at the end
             batch_step = self.state.next_batch_step
             oldest = batch_step - cfg.max_ahead  # the oldest weights this batch may be generated with
-            await self._wait(lambda oldest=oldest: self.gen_version >= oldest)
+            await self._wait(functools.partial(self._generated_with_at_least, oldest))
             group_ids = self._draw_and_reserve(batch_step)
             await self._generate_and_commit(group_ids)
 
@@ -195,7 +196,9 @@ class ControllerLoop:
         rows = await self.generator.generate(prompts)
         size = self.config.grpo.group_size
         for i, gid in enumerate(group_ids):
-            group_rows = [self._to_tensors(r, self.state.pending[gid]["draw_seq"]) for r in rows[i * size : (i + 1) * size]]
+            group_rows = [
+                self._to_tensors(r, self.state.pending[gid]["draw_seq"]) for r in rows[i * size : (i + 1) * size]
+            ]
             version = int(group_rows[0]["weight_version"])
             await self.replay.commit(gid, group_rows, start_weight=version, end_weight=version)
             del self.state.pending[gid]  # no await since commit returned: atomic with the index update
@@ -268,6 +271,9 @@ class ControllerLoop:
 
     # --- helpers -----------------------------------------------------------------------------------
 
+    def _generated_with_at_least(self, version: int) -> bool:
+        return self.gen_version >= version
+
     async def _wait(self, predicate: Callable[[], bool]) -> None:
         async with self._progress:
             await self._progress.wait_for(predicate)
@@ -280,4 +286,3 @@ class ControllerLoop:
             data = await self.replay.read_groups(committed, fields=["draw_seq"])
             out.extend(int(x) for x in data["draw_seq"].reshape(-1).unique().tolist())
         return sorted(out)
-

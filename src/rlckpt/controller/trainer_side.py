@@ -26,7 +26,7 @@ class TrainerSide:
     def __init__(self, config: GRPOConfig, tq_config: dict[str, Any]) -> None:
         import ray
 
-        self.worker = ray.remote(TrainerWorker).options(num_cpus=0, name=None).remote(config)
+        self.worker: Any = ray.remote(TrainerWorker).options(num_cpus=0, name=None).remote(config)  # an ActorHandle
         self.data_plane = TransferQueueClient(tq_config, bootstrap=True)
         logger.info("trainer worker and TransferQueue (bootstrap client) started")
 

@@ -11,6 +11,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def start_local_ray(
     if ray.is_initialized():
         raise RuntimeError("start_local_ray: this process is already connected to a Ray cluster")
     logger.info("starting local Ray cluster in %s (num_cpus=%d)", temp_dir, num_cpus)
-    context = ray.init(
+    context: Any = ray.init(  # a RayContext; its address_info is not in the type stubs
         address="local",
         num_cpus=num_cpus,
         _node_ip_address="127.0.0.1",

@@ -22,8 +22,7 @@ class PromptLoader:
     def __init__(self, task: DigitSumTask, batch_size: int, seed: int = 0) -> None:
         if batch_size < 1 or task.num_prompts % batch_size:
             raise ValueError(
-                f"PromptLoader batch_size must be >= 1 and divide the {task.num_prompts} prompts, "
-                f"got {batch_size}"
+                f"PromptLoader batch_size must be >= 1 and divide the {task.num_prompts} prompts, got {batch_size}"
             )
         self.task = task
         self.batch_size = batch_size

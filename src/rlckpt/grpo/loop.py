@@ -14,9 +14,7 @@ from rlckpt.grpo.generation import GenerationWorker
 from rlckpt.grpo.trainer import Trainer
 
 
-def run_steps(
-    trainer: Trainer, worker: GenerationWorker, loader: PromptLoader, steps: int
-) -> list[dict[str, float]]:
+def run_steps(trainer: Trainer, worker: GenerationWorker, loader: PromptLoader, steps: int) -> list[dict[str, float]]:
     """Run ``steps`` GRPO steps; returns each step's trainer metrics."""
     history: list[dict[str, float]] = []
     for _ in range(steps):

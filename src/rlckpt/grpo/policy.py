@@ -42,9 +42,7 @@ class DigitPolicy(nn.Module):
         self.gru = nn.GRU(config.embed_dim, config.hidden_dim, batch_first=True)
         self.head = nn.Linear(config.hidden_dim, config.num_actions)
 
-    def forward(
-        self, tokens: torch.Tensor, hidden: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Action logits [N, T, A] for every position of ``tokens`` [N, T], and the final hidden state."""
         out, hidden = self.gru(self.embed(tokens), hidden)
         return self.head(out), hidden
@@ -77,9 +75,7 @@ def sample_seed(seed: int, prompt_id: int, sample_index: int, weight_version: in
     return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & (2**63 - 1)
 
 
-def _sample_uniforms(
-    length: int, prompt_id: int, group_size: int, seed: int, weight_version: int
-) -> torch.Tensor:
+def _sample_uniforms(length: int, prompt_id: int, group_size: int, seed: int, weight_version: int) -> torch.Tensor:
     rows = []
     for index in range(group_size):
         generator = torch.Generator().manual_seed(sample_seed(seed, prompt_id, index, weight_version))

@@ -11,7 +11,6 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-
 NUM_DIGITS = 10
 BOS = NUM_DIGITS
 TARGET_OFFSET = NUM_DIGITS + 1
@@ -47,9 +46,7 @@ class DigitSumTask:
         self.tolerance = float(tolerance)
         self.max_target = (NUM_DIGITS - 1) * completion_length
         rng = random.Random(f"digit-sum-task:{seed}")
-        self.prompts: list[Prompt] = [
-            _make_prompt(i, rng.randint(0, self.max_target)) for i in range(num_prompts)
-        ]
+        self.prompts: list[Prompt] = [_make_prompt(i, rng.randint(0, self.max_target)) for i in range(num_prompts)]
 
     @property
     def vocab_size(self) -> int:
@@ -82,4 +79,3 @@ class DigitSumTask:
 
 def _make_prompt(prompt_id: int, target: int) -> Prompt:
     return Prompt(prompt_id=prompt_id, tokens=[BOS, TARGET_OFFSET + target], target=target)
-

@@ -70,9 +70,7 @@ class Trainer:
         self.model.train()
         with torch_threads(cfg.num_threads):
             for epoch in range(cfg.epochs_per_step):
-                log_dist = torch.log_softmax(
-                    self.model.completion_logits(batch.prompts, batch.completions), dim=-1
-                )
+                log_dist = torch.log_softmax(self.model.completion_logits(batch.prompts, batch.completions), dim=-1)
                 new_logprobs = log_dist.gather(-1, batch.completions.unsqueeze(-1)).squeeze(-1)
                 ratio = torch.exp(new_logprobs - batch.old_logprobs)
                 advantages = batch.advantages.unsqueeze(1)
@@ -80,9 +78,7 @@ class Trainer:
                 loss = -torch.minimum(ratio * advantages, clipped * advantages).mean()
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(
-                    self.model.parameters(), cfg.max_grad_norm, foreach=False
-                )
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm, foreach=False)
                 self.optimizer.step()
                 if epoch == 0:
                     with torch.no_grad():
@@ -136,14 +132,11 @@ class Trainer:
         saved = state.get("config", {})
         if saved.get("policy") != mine["policy"]:
             raise TrainerStateError(
-                f"trainer state {origin} is for policy {saved.get('policy')}, "
-                f"this trainer has {mine['policy']}"
+                f"trainer state {origin} is for policy {saved.get('policy')}, this trainer has {mine['policy']}"
             )
         if saved != mine:
             changed = sorted(k for k in mine if saved.get(k) != mine[k])
-            log.warning(
-                "trainer state %s was saved with different settings %s; resume is not exact", origin, changed
-            )
+            log.warning("trainer state %s was saved with different settings %s; resume is not exact", origin, changed)
         try:
             self.model.load_state_dict(state["model"], strict=True)
             self.optimizer.load_state_dict(state["optimizer"])

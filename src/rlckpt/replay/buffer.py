@@ -170,7 +170,7 @@ class ReplayBuffer:
     async def _rollback(self, group_id: str, keys: list[str]) -> None:
         try:
             await self.data_plane.clear_samples(self.partition_id, keys)
-        except BaseException as exc:  # noqa: BLE001 - keep the original error; the inventory check catches leftovers
+        except BaseException as exc:
             logger.error("rollback of group %s failed: %s: %s", group_id, type(exc).__name__, exc)
 
     # --- consumer side -------------------------------------------------------------------------
@@ -324,9 +324,7 @@ class ReplayBuffer:
         if len({r.group_id for r in records}) != len(records):
             raise ReplayStateError("load_state_dict: duplicate group ids")
         for r in records:
-            expected = (
-                tuple(sample_id(r.group_id, i) for i in range(self.group_size)) if r.committed else ()
-            )
+            expected = tuple(sample_id(r.group_id, i) for i in range(self.group_size)) if r.committed else ()
             if r.sample_ids != expected:
                 raise ReplayStateError(
                     f"load_state_dict: group {r.group_id!r} has sample ids {list(r.sample_ids)[:4]}..., "

@@ -4,6 +4,7 @@ to the manifest's logical size."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -67,7 +68,9 @@ class Bundle:
         except UnsafeObjectError as exc:
             raise self._corrupt(relpath, f"cannot be read safely: {exc}") from None
 
-    def _stream_stored(self, relpath: str, sink: Callable[[bytes], Any], progress: Callable[[int], None] | None) -> None:
+    def _stream_stored(
+        self, relpath: str, sink: Callable[[bytes], Any], progress: Callable[[int], None] | None
+    ) -> None:
         """Stream the stored bytes of `relpath` into `sink` as ranged reads of the manifest's size, block
         by block (no HEAD per file), then check size and digest. A file of another size fails here or in
         the listing check every open() made."""
@@ -76,7 +79,7 @@ class Bundle:
         ends = range(0, entry.size, READ_BLOCK_SIZE) if entry.size else [0]
         for start in ends:
             end = min(start + READ_BLOCK_SIZE, entry.size) if entry.size else 1
-            chunk = self._stored(relpath, lambda path, s=start, e=end: self.backend.read_range(path, s, e))
+            chunk: bytes = self._stored(relpath, functools.partial(self._read_range, start=start, end=end))
             if not chunk:
                 break
             digest.update(chunk)
@@ -85,6 +88,9 @@ class Bundle:
             if progress is not None:
                 progress(len(chunk))
         self._check(relpath, entry, digest.hexdigest(), size)
+
+    def _read_range(self, path: str, start: int, end: int) -> bytes:
+        return self.backend.read_range(path, start, end)
 
     def _inflate(self, relpath: str, action: Callable[[], Any]) -> Any:
         """Run a decompression step, turning what the decompressor refuses into CorruptBundleError."""
@@ -111,13 +117,13 @@ class Bundle:
     def open(self, relpath: str) -> BinaryIO:
         """A readable stream of the logical bytes; the whole file is fetched and checked before it is returned."""
         entry = self._entry(relpath)
-        stored = tempfile.SpooledTemporaryFile(max_size=SPOOL_MAX)
+        stored = tempfile.SpooledTemporaryFile(max_size=SPOOL_MAX)  # noqa: SIM115 - handed to the caller, who closes it
         try:
             self._stream_stored(relpath, stored.write, None)
             stored.seek(0)
             if entry.compression != ZSTD:
                 return stored  # type: ignore[return-value]
-            logical = tempfile.SpooledTemporaryFile(max_size=SPOOL_MAX)
+            logical = tempfile.SpooledTemporaryFile(max_size=SPOOL_MAX)  # noqa: SIM115 - handed to the caller
             try:
                 with stored:
                     self._inflate(relpath, lambda: copy_decompressed(stored, logical, entry.logical_size))  # type: ignore[arg-type]
@@ -130,7 +136,9 @@ class Bundle:
             stored.close()
             raise
 
-    def get_file(self, relpath: str, local_path: str | os.PathLike[str], progress: Callable[[int], None] | None = None) -> None:
+    def get_file(
+        self, relpath: str, local_path: str | os.PathLike[str], progress: Callable[[int], None] | None = None
+    ) -> None:
         """Download `relpath` to `local_path`; the file appears there only after its digest checked out."""
         entry = self._entry(relpath)
         local_path = os.fspath(local_path)
@@ -144,7 +152,9 @@ class Bundle:
                 if os.path.exists(leftover):
                     os.remove(leftover)
 
-    def _install(self, relpath: str, entry: FileEntry, part: str, local_path: str, progress: Callable[[int], None] | None) -> None:
+    def _install(
+        self, relpath: str, entry: FileEntry, part: str, local_path: str, progress: Callable[[int], None] | None
+    ) -> None:
         """Hash the fetched copy `part` (what the caller will get), inflate it if stored compressed, and only
         then rename it to `local_path`."""
         with open(part, "rb") as copied:

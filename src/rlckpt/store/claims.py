@@ -88,7 +88,9 @@ class Claims:
         modification time first when age is what decides."""
         if holder.mtime is None and (holder.intent is None or holder.intent.host != socket.gethostname()):
             try:
-                holder = IntentRead(holder.path, holder.step, holder.intent, holder.problem, self.backend.mtime(holder.path))
+                holder = IntentRead(
+                    holder.path, holder.step, holder.intent, holder.problem, self.backend.mtime(holder.path)
+                )
             except FileNotFoundError:
                 return "released meanwhile"
         return holder.stale_reason(self.stale_after if stale_after is None else stale_after)
@@ -164,5 +166,5 @@ class Claims:
                 self.backend.remove_file(self.path(step))
         except FileNotFoundError:
             pass
-        except Exception:  # noqa: BLE001 - a leftover intent is harmless; gc removes it
+        except Exception:
             log.warning("could not remove intent of step %s (txid %s)", step, txid, exc_info=True)

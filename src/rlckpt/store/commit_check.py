@@ -30,7 +30,9 @@ def load_checked_manifest(backend: Backend, url: str, step: int, with_listing: b
 
 def _fetch(backend: Backend, step: int, where: str, with_listing: bool, in_order: bool) -> CommitView:
     try:
-        return backend.fetch_commit_view(step_dirname(step), COMMIT_MAX_BYTES, MANIFEST_MAX_BYTES, with_listing, in_order)
+        return backend.fetch_commit_view(
+            step_dirname(step), COMMIT_MAX_BYTES, MANIFEST_MAX_BYTES, with_listing, in_order
+        )
     except UnsafeObjectError as exc:
         raise CorruptBundleError(f"{where}: {exc}") from exc
 
@@ -51,7 +53,9 @@ def check_commit(backend: Backend, step: int, view: CommitView, where: str) -> M
         raise CorruptBundleError(f"{where}: {MANIFEST_NAME} is missing but {COMMIT_NAME} exists")
     actual = sha256_hex(view.manifest)
     if actual != marker.manifest_sha256:
-        raise CorruptBundleError(f"{where}: {MANIFEST_NAME} has sha256 {actual}, {COMMIT_NAME} names {marker.manifest_sha256}")
+        raise CorruptBundleError(
+            f"{where}: {MANIFEST_NAME} has sha256 {actual}, {COMMIT_NAME} names {marker.manifest_sha256}"
+        )
     try:
         manifest = Manifest.from_bytes(view.manifest)
     except (ValueError, KeyError, InvalidPathError) as exc:
@@ -70,7 +74,9 @@ def check_listing(manifest: Manifest, listing: Listing, where: str) -> None:
     """Every manifest file is present, regular and of its stored size, and nothing else is in the bundle
     (`listing`: the bundle's view of its step, see Backend.bundle_view)."""
     if listing.strangers:
-        raise CorruptBundleError(f"{where}: {listing.strangers[0]} is not part of the bundle (strangers: {list(listing.strangers[:10])})")
+        raise CorruptBundleError(
+            f"{where}: {listing.strangers[0]} is not part of the bundle (strangers: {list(listing.strangers[:10])})"
+        )
     if listing.irregular:
         rel, kind = sorted(listing.irregular.items())[0]
         raise CorruptBundleError(f"{where}: {rel or 'the step directory'} is a {kind}, not a regular file")

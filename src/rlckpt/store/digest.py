@@ -6,7 +6,8 @@ import contextlib
 import hashlib
 import io
 from collections.abc import Callable
-from typing import Any, ContextManager
+from contextlib import AbstractContextManager
+from typing import Any
 
 from .compression import StreamCompressor
 from .manifest import FileEntry
@@ -27,7 +28,7 @@ class HashingWriter(io.RawIOBase):
         on_close: Callable[[HashingWriter, FileEntry | None], None],
         compression: str | None = None,
         level: int = 1,
-        guard: Callable[[str], ContextManager[Any]] = lambda _what: contextlib.nullcontext(),
+        guard: Callable[[str], AbstractContextManager[Any]] = lambda _what: contextlib.nullcontext(),
     ) -> None:
         super().__init__()
         self.raw = raw
@@ -97,7 +98,7 @@ class HashingWriter(io.RawIOBase):
             self._failed = True
             try:
                 self.close()
-            except Exception:  # noqa: BLE001 - nothing sensible to do in a finalizer
+            except Exception:
                 pass
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -107,7 +108,9 @@ class HashingWriter(io.RawIOBase):
             self.close()
 
 
-def sha256_of_stream(stream: Any, chunk_size: int = 8 << 20, on_chunk: Callable[[int], None] | None = None) -> tuple[str, int]:
+def sha256_of_stream(
+    stream: Any, chunk_size: int = 8 << 20, on_chunk: Callable[[int], None] | None = None
+) -> tuple[str, int]:
     """Hex sha256 and byte count of everything readable from `stream`."""
     digest = hashlib.sha256()
     total = 0

@@ -9,7 +9,7 @@ import os
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from rlckpt.errors import InvalidPathError, LostWriteError, TransactionStateError
 
@@ -89,7 +89,9 @@ class FileWriter:
             self._reserve(relpath)
             with self._storage(f"opening {relpath}"):
                 raw = self.backend.open_write(f"{self._data_root}/{relpath}")
-            writer = HashingWriter(raw, relpath, self._on_close, compression=compression, level=level, guard=self._storage)
+            writer = HashingWriter(
+                raw, relpath, self._on_close, compression=compression, level=level, guard=self._storage
+            )
             self._open[relpath] = writer
         return writer  # type: ignore[return-value]
 
@@ -193,5 +195,5 @@ class FileWriter:
         for writer in writers:
             try:
                 writer.discard()
-            except Exception:  # noqa: BLE001 - what it left is removed with the transaction's data
+            except Exception:
                 log.warning("discarding open file %s of step %s failed", writer.relpath, self.step, exc_info=True)

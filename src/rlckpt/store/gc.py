@@ -96,7 +96,9 @@ class GarbageCollector:
     def plan(self, keep_last: int | None, stale_after: float) -> GcPlan:
         """Everything gc would do now (reads only)."""
         if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
-            raise ValueError(f"keep_last must be an int >= 1 (the newest good bundle is never deleted), got {keep_last!r}")
+            raise ValueError(
+                f"keep_last must be an int >= 1 (the newest good bundle is never deleted), got {keep_last!r}"
+            )
         inv = self.backend.scan()  # 1: data
         uploads = self.backend.incomplete_uploads()  # 2: uploads
         intents = self._read_intents(inv)  # 3: intents, listed afresh after both
@@ -112,24 +114,39 @@ class GarbageCollector:
         owners.update({read.step: read.txid for read in live if read.step is not None and read.txid})
         for step, owner in sorted(owners.items()):
             for path in self.backend.foreign_data(inv, step, owner):
-                plan.actions.append(GcAction(REMOVE_FOREIGN_DATA, path, step=step, txid=path.rsplit("/", 1)[-1], reason=f"not of {owner}"))
+                plan.actions.append(
+                    GcAction(
+                        REMOVE_FOREIGN_DATA, path, step=step, txid=path.rsplit("/", 1)[-1], reason=f"not of {owner}"
+                    )
+                )
         for read in intents:
             if read.path in stale:
                 self._plan_dead(plan, inv, read, stale[read.path])
         for step in sorted(inv.steps):
             if not inv.committed_marker(step) and step not in claimed_steps:
-                plan.actions.append(GcAction(REMOVE_ORPHAN_STEP, self.backend.path(step_dirname(step)), step=step, reason="no COMMIT and no intent"))
+                plan.actions.append(
+                    GcAction(
+                        REMOVE_ORPHAN_STEP,
+                        self.backend.path(step_dirname(step)),
+                        step=step,
+                        reason="no COMMIT and no intent",
+                    )
+                )
         for name in sorted(inv.tmp_dirs):  # those of dead transactions go with them
             if name not in named_txids:
-                plan.actions.append(GcAction(REMOVE_STAGING, self.backend.path(TMP_DIR, name), txid=name, reason="no intent names it"))
+                plan.actions.append(
+                    GcAction(REMOVE_STAGING, self.backend.path(TMP_DIR, name), txid=name, reason="no intent names it")
+                )
         now = time.time()
         for path, mtime in sorted({**inv.probes, **inv.intent_temps}.items()):
             if mtime is None or now - mtime >= min(stale_after, LEFTOVER_GRACE):
                 plan.actions.append(GcAction(REMOVE_LEFTOVER, path, reason="left by a crashed probe or intent write"))
         for key, upload_id in uploads:
-            step = parse_step_dirname(self.backend.rel(key).split("/", 1)[0])
-            if step is None or step not in live_steps:
-                plan.actions.append(GcAction(ABORT_UPLOAD, key, step=step, upload_id=upload_id, reason="no live transaction"))
+            upload_step = parse_step_dirname(self.backend.rel(key).split("/", 1)[0])
+            if upload_step is None or upload_step not in live_steps:
+                plan.actions.append(
+                    GcAction(ABORT_UPLOAD, key, step=upload_step, upload_id=upload_id, reason="no live transaction")
+                )
         plan.irregular = sorted(p for p in inv.irregular if parse_step_dirname(p.split("/", 1)[0]) is None)
         return plan
 
@@ -173,7 +190,9 @@ class GarbageCollector:
                 plan.kept_steps.append(step)
                 owners[step] = manifest.txid
             else:
-                doomed.append(GcAction(DELETE_BUNDLE, where, step=step, reason=f"older than the {keep_last} newest good bundles"))
+                doomed.append(
+                    GcAction(DELETE_BUNDLE, where, step=step, reason=f"older than the {keep_last} newest good bundles")
+                )
         plan.actions.extend(reversed(doomed))  # oldest first
         for step, what in inv.irregular_steps().items():
             plan.corrupt.setdefault(step, f"step {step} at {self.url}: {what}")
@@ -210,7 +229,7 @@ class GarbageCollector:
         for action in plan.actions:
             try:
                 removed = getattr(self, f"_apply_{action.kind}")(action, plan)
-            except Exception as exc:  # noqa: BLE001 - one failed removal must not stop the rest
+            except Exception as exc:
                 log.warning("gc: %s %s failed: %s", action.kind, action.target, exc, exc_info=True)
                 report.skipped.append(f"{action.target}: failed ({type(exc).__name__}: {exc})")
                 continue
@@ -220,7 +239,11 @@ class GarbageCollector:
                 self._record(report, action, removed)
         log.info(
             "gc of %s: deleted steps %s, removed %d paths, aborted %d uploads, skipped %d",
-            self.url, report.deleted_steps, len(report.removed), len(report.aborted_uploads), len(report.skipped),
+            self.url,
+            report.deleted_steps,
+            len(report.removed),
+            len(report.aborted_uploads),
+            len(report.skipped),
         )
         return report
 

@@ -36,7 +36,9 @@ class Intent:
     @classmethod
     def new(cls, step: int, txid: str) -> Intent:
         pid = os.getpid()
-        return cls(step=step, txid=txid, host=socket.gethostname(), pid=pid, started=time.time(), pid_start=process_start(pid))
+        return cls(
+            step=step, txid=txid, host=socket.gethostname(), pid=pid, started=time.time(), pid_start=process_start(pid)
+        )
 
     def to_bytes(self) -> bytes:
         return canonical_json(asdict(self))

@@ -116,11 +116,18 @@ def _check_s3(url: str, options: dict[str, Any]) -> None:
         raise StoreConfigError(f"store {url}: an S3 URL needs a bucket: s3://bucket/prefix")
     client_kwargs = options.get("client_kwargs")
     if client_kwargs is not None and not isinstance(client_kwargs, Mapping):
-        raise StoreConfigError(f"store {url}: storage option client_kwargs must be a JSON object, got {client_kwargs!r}")
+        raise StoreConfigError(
+            f"store {url}: storage option client_kwargs must be a JSON object, got {client_kwargs!r}"
+        )
     config_kwargs = options.get("config_kwargs")
     if config_kwargs is not None and not isinstance(config_kwargs, Mapping):
-        raise StoreConfigError(f"store {url}: storage option config_kwargs must be a JSON object, got {config_kwargs!r}")
-    given = [("endpoint_url", options.get("endpoint_url")), ("client_kwargs.endpoint_url", (client_kwargs or {}).get("endpoint_url"))]
+        raise StoreConfigError(
+            f"store {url}: storage option config_kwargs must be a JSON object, got {config_kwargs!r}"
+        )
+    given = [
+        ("endpoint_url", options.get("endpoint_url")),
+        ("client_kwargs.endpoint_url", (client_kwargs or {}).get("endpoint_url")),
+    ]
     given += [(name, os.environ.get(name)) for name in S3_ENDPOINT_ENV]
     for source, endpoint in given:
         if endpoint is not None:  # the first one set is the one s3fs/botocore use
@@ -143,7 +150,9 @@ def _check_endpoint(url: str, source: str, endpoint: Any) -> None:
     except ValueError:  # e.g. an unclosed IPv6 bracket
         parts, host = None, None
     if parts is None or parts.scheme not in ("http", "https") or not host:
-        raise StoreConfigError(f"store {url}: {source} {endpoint!r} is not an http(s) URL such as http://127.0.0.1:9000")
+        raise StoreConfigError(
+            f"store {url}: {source} {endpoint!r} is not an http(s) URL such as http://127.0.0.1:9000"
+        )
 
 
 # --- building ------------------------------------------------------------------------------
@@ -153,7 +162,9 @@ def _build(url: str, protocol: str, options: dict[str, Any]) -> tuple[Any, str]:
     try:
         return fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
-        raise StoreConfigError(f"store {url}: protocol {protocol} needs a package that is not installed: {exc}") from exc
+        raise StoreConfigError(
+            f"store {url}: protocol {protocol} needs a package that is not installed: {exc}"
+        ) from exc
     except Exception as exc:
         translated = as_store_error(exc, url, "connecting")
         if isinstance(translated, StoreUnavailableError):  # a filesystem that talks to its server when built
@@ -169,5 +180,7 @@ def _connect_s3(url: str, fs: Any) -> None:
     except Exception as exc:
         match = _UNEXPECTED_KEYWORD.search(str(exc)) if isinstance(exc, TypeError) else None
         if match:
-            raise StoreConfigError(f"store {url}: unknown storage option {match.group(1)!r} for s3 ({describe_cause(exc)})") from exc
+            raise StoreConfigError(
+                f"store {url}: unknown storage option {match.group(1)!r} for s3 ({describe_cause(exc)})"
+            ) from exc
         raise StoreConfigError(f"store {url}: cannot set up the s3 client: {describe_cause(exc)}") from exc

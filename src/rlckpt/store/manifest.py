@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from rlckpt.errors import InvalidPathError
 
@@ -21,9 +21,7 @@ MANIFEST_MAX_BYTES = 32 << 20  # ~150k file entries
 
 def canonical_json(obj: Any) -> bytes:
     """Deterministic JSON bytes: sorted keys, no whitespace, UTF-8, no NaN/Infinity."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
-        "utf-8"
-    )
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
 def parse_canonical(data: bytes, what: str) -> dict[str, Any]:
@@ -140,18 +138,25 @@ def parse_file_entry(relpath: str, raw: Any) -> FileEntry:
         raise ValueError(f"manifest entry for {relpath!r} is not an object")
     size, digest, logical, comp = raw.get("size"), raw.get("sha256"), raw.get("logical_size"), raw.get("compression")
     for name, value in (("size", size), ("logical_size", logical)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not _is_count(value):
             raise ValueError(f"manifest entry for {relpath!r} has a bad {name}: {value!r}")
+    assert _is_count(size) and _is_count(logical)
     if not _is_sha256_hex(digest):
         raise ValueError(f"manifest entry for {relpath!r} has a bad sha256: {digest!r}")
     if comp not in COMPRESSIONS:
         raise ValueError(f"manifest entry for {relpath!r} has an unknown compression: {comp!r}")
     if comp is None and logical != size:
-        raise ValueError(f"manifest entry for {relpath!r} is uncompressed but its logical size {logical} is not its size {size}")
+        raise ValueError(
+            f"manifest entry for {relpath!r} is uncompressed but its logical size {logical} is not its size {size}"
+        )
     return FileEntry(size=size, sha256=digest, logical_size=logical, compression=comp)
 
 
-def _is_sha256_hex(value: Any) -> bool:
+def _is_count(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_sha256_hex(value: Any) -> TypeGuard[str]:
     return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 

@@ -35,7 +35,11 @@ class TransactionHandle:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> TransactionHandle:
-        if not is_txid(obj.get("txid")) or not isinstance(obj.get("url"), str) or not isinstance(obj.get("storage_options"), dict):
+        if (
+            not is_txid(obj.get("txid"))
+            or not isinstance(obj.get("url"), str)
+            or not isinstance(obj.get("storage_options"), dict)
+        ):
             raise ValueError(f"not a transaction handle: {obj!r}")
         return cls(obj["url"], dict(obj["storage_options"]), validate_step(obj.get("step")), obj["txid"])
 
@@ -49,11 +53,19 @@ class Receipt:
     files: dict[str, FileEntry] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"txid": self.txid, "participant": self.participant, "files": {p: e.to_json() for p, e in sorted(self.files.items())}}
+        return {
+            "txid": self.txid,
+            "participant": self.participant,
+            "files": {p: e.to_json() for p, e in sorted(self.files.items())},
+        }
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Receipt:
-        if not is_txid(obj.get("txid")) or not is_txid(obj.get("participant")) or not isinstance(obj.get("files"), dict):
+        if (
+            not is_txid(obj.get("txid"))
+            or not is_txid(obj.get("participant"))
+            or not isinstance(obj.get("files"), dict)
+        ):
             raise ValueError(f"not a receipt: {obj!r}")
         files = {validate_relpath(rel): parse_file_entry(rel, raw) for rel, raw in obj["files"].items()}
         return cls(obj["txid"], obj["participant"], files)
@@ -63,7 +75,9 @@ class ParticipantWriter(FileWriter):
     """One participant's writer in a transaction it does not coordinate. Its files are part of the bundle
     only if its receipt reaches the coordinator's commit."""
 
-    def __init__(self, backend: Backend, claims: Claims, url: str, handle: TransactionHandle, participant: str, max_workers: int) -> None:
+    def __init__(
+        self, backend: Backend, claims: Claims, url: str, handle: TransactionHandle, participant: str, max_workers: int
+    ) -> None:
         super().__init__(backend, url, handle.step, handle.txid, max_workers, who=f"participant {participant}")
         self.claims = claims
         self.participant = participant
@@ -88,7 +102,9 @@ class ParticipantWriter(FileWriter):
                 self.claims.assert_owner(self.step, self.txid)
         except BundleExistsError as exc:
             self.abort()
-            raise TransactionStateError(f"{self.who}: transaction {self.txid} of step {self.step} is not running any more ({exc})") from exc
+            raise TransactionStateError(
+                f"{self.who}: transaction {self.txid} of step {self.step} is not running any more ({exc})"
+            ) from exc
         self._stop("sealed")
         log.info("%s sealed %d files of step %s (txid %s)", self.who, len(files), self.step, self.txid)
         return Receipt(self.txid, self.participant, files)
@@ -102,7 +118,7 @@ class ParticipantWriter(FileWriter):
         for rel in sorted(self._files):
             try:
                 self.backend.remove_tree(f"{self._data_root}/{rel}")
-            except Exception:  # noqa: BLE001 - debris of an aborted participant; the coordinator's abort or gc removes it
+            except Exception:
                 log.warning("%s: removing %s failed", self.who, rel, exc_info=True)
 
 

@@ -167,7 +167,9 @@ class BundleStore:
                 self.claims.release(step, txid, committed=committed)
                 raise
         log.info("began step %s (txid %s) at %s", step, txid, self.url)
-        return BundleTransaction(self.backend, self.claims, self.url, step, txid, self.max_workers, self.storage_options)
+        return BundleTransaction(
+            self.backend, self.claims, self.url, step, txid, self.max_workers, self.storage_options
+        )
 
     @classmethod
     def join(cls, handle: TransactionHandle, participant: str, **store_kwargs: Any) -> ParticipantWriter:
@@ -190,7 +192,8 @@ class BundleStore:
             if holder is None or holder.txid != handle.txid:
                 held = holder.describe() if holder else "nobody: it ended"
                 raise TransactionStateError(
-                    f"{who} cannot join transaction {handle.txid} of step {handle.step} at {self.url}: it is not running (step held by {held})"
+                    f"{who} cannot join transaction {handle.txid} of step {handle.step} at {self.url}: "
+                    f"it is not running (step held by {held})"
                 )
             self.backend.check_joinable(step_dirname(handle.step), handle.txid, who)
         return ParticipantWriter(self.backend, self.claims, self.url, handle, participant, self.max_workers)
@@ -204,7 +207,9 @@ class BundleStore:
             return True  # its COMMIT went meanwhile: look again
         except CorruptBundleError as exc:
             where = self.backend.quarantine(step_dirname(step), f"{step_dirname(step)}-{txid}")
-            log.warning("step %s at %s is corrupt (%s); moved it to %s and writing the step anew", step, self.url, exc, where)
+            log.warning(
+                "step %s at %s is corrupt (%s); moved it to %s and writing the step anew", step, self.url, exc, where
+            )
             return True
 
     # --- reading ------------------------------------------------------------------------------
@@ -272,14 +277,25 @@ class BundleStore:
             state = "stale" if reason else "writing"
             return StoreEntry(step, state, sum(staged.values()), len(staged), created, intent.txid, detail, path)
         if irregular is not None:
-            return StoreEntry(step, "corrupt", sum(files.values()), len(data_files), None, None, f"step {step} at {self.url}: {irregular}", path)
+            return StoreEntry(
+                step,
+                "corrupt",
+                sum(files.values()),
+                len(data_files),
+                None,
+                None,
+                f"step {step} at {self.url}: {irregular}",
+                path,
+            )
         if COMMIT_NAME not in files:
             return StoreEntry(step, "uncommitted", sum(files.values()), len(data_files), None, None, "no COMMIT", path)
         try:
             manifest = load_checked_manifest(self.backend, self.url, step)
         except (CorruptBundleError, UncommittedBundleError) as exc:
             return StoreEntry(step, "corrupt", sum(files.values()), len(data_files), None, None, str(exc), path)
-        return StoreEntry(step, "committed", manifest.total_size, len(manifest.files), manifest.created, manifest.txid, "", path)
+        return StoreEntry(
+            step, "committed", manifest.total_size, len(manifest.files), manifest.created, manifest.txid, "", path
+        )
 
     # --- maintenance --------------------------------------------------------------------------
     def gc(self, keep_last: int | None = None, dry_run: bool = False, stale_after: float | None = None) -> GcReport:
@@ -299,4 +315,3 @@ class BundleStore:
 
 def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
-

@@ -54,7 +54,9 @@ class BundleTransaction(FileWriter):
     def handle(self) -> TransactionHandle:
         """What a participant process needs to join this transaction (`BundleStore.join`): plain data."""
         self._check_open()
-        return TransactionHandle(url=self.url, storage_options=dict(self.storage_options), step=self.step, txid=self.txid)
+        return TransactionHandle(
+            url=self.url, storage_options=dict(self.storage_options), step=self.step, txid=self.txid
+        )
 
     # --- ending -------------------------------------------------------------------------------
     def commit(
@@ -105,7 +107,7 @@ class BundleTransaction(FileWriter):
         except BaseException:
             try:
                 self.abort()
-            except Exception:  # noqa: BLE001 - the publish error is the one to report; gc cleans up
+            except Exception:
                 log.warning("abort after failed commit of step %s failed", self.step, exc_info=True)
             raise
         self._stop("committed")
@@ -121,23 +123,31 @@ class BundleTransaction(FileWriter):
         names = [r.participant for r in receipts]
         duplicated = sorted({n for n in names if names.count(n) > 1})
         if duplicated:
-            raise ParticipantError(f"{where}: participant {duplicated[0]} sent more than one receipt; nothing committed")
+            raise ParticipantError(
+                f"{where}: participant {duplicated[0]} sent more than one receipt; nothing committed"
+            )
         if participants is not None:
             missing, unexpected = sorted(set(participants) - set(names)), sorted(set(names) - set(participants))
             if missing:
                 raise ParticipantError(f"{where}: no receipt from participant(s) {missing}; nothing committed")
             if unexpected:
-                raise ParticipantError(f"{where}: receipt(s) from unexpected participant(s) {unexpected}; nothing committed")
+                raise ParticipantError(
+                    f"{where}: receipt(s) from unexpected participant(s) {unexpected}; nothing committed"
+                )
         owner = {rel: "the coordinator" for rel in own}
         merged = dict(own)
         for receipt in receipts:
             if receipt.txid != self.txid:
                 raise ParticipantError(
-                    f"{where}: participant {receipt.participant} sent a receipt of transaction {receipt.txid}; nothing committed"
+                    f"{where}: participant {receipt.participant} sent a receipt of transaction {receipt.txid}; "
+                    "nothing committed"
                 )
             for rel, entry in receipt.files.items():
                 if rel in owner:
-                    raise ParticipantError(f"{where}: {rel} was written by {owner[rel]} and by participant {receipt.participant}; nothing committed")
+                    raise ParticipantError(
+                        f"{where}: {rel} was written by {owner[rel]} and by participant {receipt.participant}; "
+                        "nothing committed"
+                    )
                 owner[rel] = f"participant {receipt.participant}"
                 merged[rel] = entry
         return merged

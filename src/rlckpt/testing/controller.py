@@ -59,8 +59,12 @@ async def run_in_process(config: TrainConfig) -> InProcessRun:
         run.phase.start_fresh()
     else:
         restored = await restore_run(
-            store, trainer=worker, bootstrap=bootstrap, phase=run.phase,
-            staging_root=config.staging_dir, expected_rollout_order=config.rollout_order,
+            store,
+            trainer=worker,
+            bootstrap=bootstrap,
+            phase=run.phase,
+            staging_root=config.staging_dir,
+            expected_rollout_order=config.rollout_order,
             resume_step=config.resume_step,
         )
         run.restored = restored

@@ -12,7 +12,9 @@ import threading
 from typing import Any
 
 FILE_METHODS = frozenset({"write", "read", "flush", "close", "commit", "discard", "readinto", "seek"})
-PASSTHROUGH = frozenset({"protocol", "root_marker", "sep", "_strip_protocol", "_parent", "split_path", "unstrip_protocol"})
+PASSTHROUGH = frozenset(
+    {"protocol", "root_marker", "sep", "_strip_protocol", "_parent", "split_path", "unstrip_protocol"}
+)
 
 
 class InjectedFault(OSError):
@@ -52,6 +54,7 @@ class _FaultyFile:
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._inner, name)
         if name in FILE_METHODS and callable(attr):
+
             def call(*args: Any, **kwargs: Any) -> Any:
                 self._plan.tick(f"file.{name}")
                 return attr(*args, **kwargs)

@@ -1,10 +1,10 @@
 """Deterministic races for tests: hold one thread at an exact call while the test acts, then let it go.
 
-    with PauseAt(store.backend, "incomplete_uploads") as pause:
-        gc = Background(store.gc)
-        pause.wait_reached()
-        ...                     # the other side of the race, at exactly this point
-    gc.result()                 # leaving the block releases the held thread
+with PauseAt(store.backend, "incomplete_uploads") as pause:
+    gc = Background(store.gc)
+    pause.wait_reached()
+    ...                     # the other side of the race, at exactly this point
+gc.result()                 # leaving the block releases the held thread
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class Background:
         def run() -> None:
             try:
                 self._value = fn(*args, **kwargs)
-            except BaseException as exc:  # noqa: BLE001 - handed to result()
+            except BaseException as exc:
                 self._error = exc
 
         self._thread = threading.Thread(target=run, daemon=True)

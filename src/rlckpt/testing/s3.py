@@ -53,7 +53,7 @@ def s3_run_url(_s3_admin_fs: Any) -> Iterator[str]:
     yield f"s3://{bucket}/run"
     try:
         _s3_admin_fs.rm(bucket, recursive=True)
-    except Exception:  # noqa: BLE001 - best-effort cleanup of a throwaway bucket
+    except Exception:
         pass
 
 

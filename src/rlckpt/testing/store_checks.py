@@ -37,9 +37,9 @@ def debris(store: BundleStore) -> list[str]:
             out.append(rel)
     if store.is_local:
         for name in os.listdir(store.root) if os.path.isdir(store.root) else []:
-            if name not in committed and os.path.isdir(os.path.join(store.root, name)):
-                if not os.listdir(os.path.join(store.root, name)) and name.startswith("step_"):
-                    out.append(name + "/")
+            path = os.path.join(store.root, name)
+            if name not in committed and name.startswith("step_") and os.path.isdir(path) and not os.listdir(path):
+                out.append(name + "/")
     return out + [f"upload:{k}" for k in multipart_uploads(store)]
 
 
@@ -91,7 +91,9 @@ def sample_payload(step: int) -> dict[str, bytes]:
     }
 
 
-def save_sample(store: BundleStore, step: int, local_dir: Any = None, metadata: dict[str, Any] | None = None) -> dict[str, bytes]:
+def save_sample(
+    store: BundleStore, step: int, local_dir: Any = None, metadata: dict[str, Any] | None = None
+) -> dict[str, bytes]:
     """A full save through every write API: write_bytes, open (streamed, zstd), put_file and put_dir."""
     payload = sample_payload(step)
     with store.begin(step) as txn:
@@ -105,8 +107,6 @@ def save_sample(store: BundleStore, step: int, local_dir: Any = None, metadata: 
             txn.put_dir("data_plane", local_dir)
         txn.commit(metadata or {"step": step})
     return payload
-
-
 
 
 def raw_path(store: BundleStore, *parts: str) -> str:
@@ -163,7 +163,9 @@ def rewrite_manifest(store: BundleStore, step: int, manifest_bytes: bytes) -> No
     store.fs.pipe_file(raw_path(store, f"step_{step}", "COMMIT"), signed.to_bytes())
 
 
-def forge_file(store: BundleStore, step: int, rel: str, stored: bytes, logical_size: int, compression: str | None) -> None:
+def forge_file(
+    store: BundleStore, step: int, rel: str, stored: bytes, logical_size: int, compression: str | None
+) -> None:
     """Put `stored` at `rel` in a committed bundle with a manifest entry that matches it exactly (size and
     sha256), claiming `logical_size` and `compression`: a consistent bundle as a hostile writer makes it."""
     import hashlib

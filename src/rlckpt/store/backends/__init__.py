@@ -9,7 +9,16 @@ from .local import LocalBackend, fsync_path
 from .object_store import ObjectBackend
 from .s3 import S3Backend
 
-__all__ = ["Backend", "CommitView", "Listing", "LocalBackend", "ObjectBackend", "S3Backend", "fsync_path", "make_backend"]
+__all__ = [
+    "Backend",
+    "CommitView",
+    "Listing",
+    "LocalBackend",
+    "ObjectBackend",
+    "S3Backend",
+    "fsync_path",
+    "make_backend",
+]
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:

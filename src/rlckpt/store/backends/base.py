@@ -211,12 +211,18 @@ class Backend(abc.ABC):
         for rel, entry in sorted(files.items()):
             size = listing.sizes.get(rel)
             if size is None:
-                raise LostWriteError(f"{where}: {rel} was written but is gone (removed by gc or another writer?); nothing committed")
+                raise LostWriteError(
+                    f"{where}: {rel} was written but is gone (removed by gc or another writer?); nothing committed"
+                )
             if size != entry.size:
-                raise LostWriteError(f"{where}: {rel} has {size} bytes, this transaction wrote {entry.size}; nothing committed")
+                raise LostWriteError(
+                    f"{where}: {rel} has {size} bytes, this transaction wrote {entry.size}; nothing committed"
+                )
         extra = sorted(rel for rel in listing.sizes if rel not in files and rel not in RESERVED_NAMES)
         if extra:
-            raise LostWriteError(f"{where}: {extra[0]} was not written by this transaction (extra: {extra[:5]}); nothing committed")
+            raise LostWriteError(
+                f"{where}: {extra[0]} was not written by this transaction (extra: {extra[:5]}); nothing committed"
+            )
 
     @abc.abstractmethod
     def make_visible(self, step_dir: str, txid: str, manifest: bytes, commit: bytes) -> None:

@@ -17,7 +17,13 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from rlckpt.errors import BundleExistsError, IrregularFileError, LostWriteError, SharedStorageError, StoreUnavailableError
+from rlckpt.errors import (
+    BundleExistsError,
+    IrregularFileError,
+    LostWriteError,
+    SharedStorageError,
+    StoreUnavailableError,
+)
 
 from ..digest import sha256_of_stream
 from ..inventory import DIRECTORY, FILE, ListedPath
@@ -213,9 +219,9 @@ class LocalBackend(Backend):
         staging = self.data_root(step_dir, txid)
         if not os.path.isdir(staging):
             raise SharedStorageError(
-                f"{who} on host {socket.gethostname()} cannot see the staging dir {staging} of {step_dir} (txid {txid}): "
-                "on local disk every participant must share the coordinator's filesystem (NFS, Lustre, ...); "
-                "use an object store (s3://...) when they do not"
+                f"{who} on host {socket.gethostname()} cannot see the staging dir {staging} of {step_dir} "
+                f"(txid {txid}): on local disk every participant must share the coordinator's filesystem "
+                "(NFS, Lustre, ...); use an object store (s3://...) when they do not"
             )
 
     def prepare_step(self, step_dir: str, txid: str) -> bool:

@@ -31,8 +31,9 @@ def _mtime(info: dict[str, Any]) -> float | None:
         value = info.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        if hasattr(value, "timestamp"):
-            return float(value.timestamp())
+        timestamp = getattr(value, "timestamp", None)
+        if callable(timestamp):
+            return float(timestamp())
     return None
 
 
@@ -155,7 +156,11 @@ class ObjectBackend(Backend):
         if self.path(step_dir, COMMIT_NAME) in leftovers:
             return True
         if leftovers:
-            log.warning("removing %d leftover objects of %s: no COMMIT, and this transaction holds the claim", len(leftovers), step_dir)
+            log.warning(
+                "removing %d leftover objects of %s: no COMMIT, and this transaction holds the claim",
+                len(leftovers),
+                step_dir,
+            )
             self.fs.rm(leftovers)
         return False
 

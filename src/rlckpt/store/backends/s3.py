@@ -42,7 +42,9 @@ class S3Backend(ObjectBackend):
         rel = self.rel(path)
         found = self.fs.find(self.root, prefix=f"{rel}/", detail=True)
         base = path + "/"
-        return Listing({full[len(base) :]: int(info.get("size") or 0) for full, info in found.items() if full.startswith(base)}, {})
+        return Listing(
+            {full[len(base) :]: int(info.get("size") or 0) for full, info in found.items() if full.startswith(base)}, {}
+        )
 
     def _find(self, path: str) -> dict[str, dict[str, Any]]:
         if path == self.root:
