@@ -9,7 +9,7 @@ import pytest
 from rlckpt.errors import CorruptBundleError, UncommittedBundleError
 from rlckpt.store import BundleStore
 from rlckpt.store.manifest import CommitMarker, Manifest, canonical_json, sha256_hex
-from rlckpt.testing.store_checks import save_sample, stored_path
+from rlckpt.testing.store_checks import corrupt_file, save_sample, stored_path
 
 TARGET = "policy/weights.bin"
 
@@ -176,3 +176,13 @@ def test_other_bundles_stay_readable_when_one_is_corrupt(store):
     store.open(1).verify()
     states = {e.step: e.state for e in store.entries()}
     assert states == {1: "committed", 2: "corrupt"}
+
+
+def test_verify_under_a_directory_checks_only_its_files(store):
+    corrupt_file(store, 2, "train_dataloader.pt", "flip")
+    store.open(2).verify(under="policy")  # the damage is elsewhere
+    with pytest.raises(CorruptBundleError, match="train_dataloader.pt"):
+        store.open(2).verify()
+    corrupt_file(store, 2, TARGET, "flip")
+    with pytest.raises(CorruptBundleError, match=TARGET):
+        store.open(2).verify(under="policy")

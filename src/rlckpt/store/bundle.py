@@ -211,9 +211,12 @@ class Bundle:
             raise
         return wanted
 
-    def verify(self, progress: Callable[[int], None] | None = None, max_workers: int | None = None) -> Manifest:
+    def verify(
+        self, progress: Callable[[int], None] | None = None, max_workers: int | None = None, under: str = ""
+    ) -> Manifest:
         """Re-check the listing, every file's size and sha256 and, for compressed files, that they inflate
-        to exactly their logical size.
+        to exactly their logical size. `under` limits the digest checks to the files below one directory
+        (e.g. a restore checks `policy/` before any rank loads it; the listing is always checked whole).
 
         Raises:
             CorruptBundleError: naming the first bad file (and how many more there are).
@@ -234,7 +237,7 @@ class Bundle:
                 return exc
             return None
 
-        names = sorted(self.manifest.files)
+        names = self.files_under(under)
         workers = max_workers or self.max_workers
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(names) or 1))) as pool:
             errors = [e for e in pool.map(one, names) if e is not None]
