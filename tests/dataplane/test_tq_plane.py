@@ -249,3 +249,75 @@ def test_without_the_per_row_parser_the_snapshot_blows_up(tq_session, tmp_path):
         assert dir_bytes(tmp_path / "snap") > 4 * payload
     finally:
         reset_tq_state()
+
+
+# --- the pinned snapshot over TransferQueue ---------------------------------------------------------
+
+
+class HeldRayCopier:
+    """The main job's row copier (a RowCopyWorker Ray actor), held before batch `hold_at` until released."""
+
+    def __init__(self, hold_at: int) -> None:
+        from rlckpt.checkpoint.row_copy import start_ray_row_copier
+        from rlckpt.controller.connect import ConnectOnlyDataPlane
+
+        self.inner = start_ray_row_copier(ConnectOnlyDataPlane())
+        self.hold_at, self.batches = hold_at, 0
+        self.reached, self.go = asyncio.Event(), asyncio.Event()
+
+    async def begin(self, handle, compression):
+        await self.inner.begin(handle, compression)
+
+    async def copy(self, partition_id, keys, fields, relpath):
+        if self.batches == self.hold_at:
+            self.reached.set()
+            await self.go.wait()
+        self.batches += 1
+        return await self.inner.copy(partition_id, keys, fields, relpath)
+
+    async def seal(self):
+        return await self.inner.seal()
+
+    async def abort(self):
+        await self.inner.abort()
+
+
+def test_a_pinned_snapshot_holds_exactly_the_captured_rows_while_commits_and_removals_run(tq_plane, tmp_path):
+    from rlckpt.checkpoint.save import SaveParticipants, save_bundle
+    from rlckpt.dataplane.rows_snapshot import restore_snapshot
+    from rlckpt.store import BundleStore
+
+    class Policy:
+        async def state_bytes(self):
+            return b"policy"
+
+    async def main():
+        buf = buffer_on(tq_plane)
+        for i in range(24):  # 96 rows: three rows files
+            gid = buf.reserve(0)
+            await buf.commit(gid, group_rows(i), start_weight=0, end_weight=0)
+        captured = {g.group_id: await buf.read_groups([g]) for g in buf.groups()}
+        copier = HeldRayCopier(hold_at=1)
+        store = BundleStore(str(tmp_path / "run"))
+        parts = SaveParticipants(store=store, policy=Policy(), replay=buf, capture_loader_state=dict, row_copier=copier)
+        save = asyncio.create_task(save_bundle(parts, 2, upload_timing="pinned"))
+        await copier.reached.wait()
+        groups = buf.groups()
+        await buf.commit(buf.reserve(1), group_rows(100), start_weight=1, end_weight=1)
+        await buf.write_fields(groups[-1].group_id, {"advantages": torch.ones(G, 1)})
+        for g in (groups[0], groups[-1], groups[-2]):  # one copied already, two still pinned
+            await buf.remove_group(g.group_id)
+        copier.go.set()
+        await save
+        assert sorted(await tq_plane.list_sample_ids(P)) == buf.sample_ids()  # deferred clears done
+        bundle = store.open(2)
+        bundle.get_dir("data_plane", tmp_path / "snapshot")
+        reset_tq_state()
+        await restore_snapshot(connect_client(), tmp_path / "snapshot")
+        restored = connect_client()
+        assert sorted(await restored.list_sample_ids(P)) == sorted(k for g in groups for k in g.sample_ids)
+        for gid, rows in captured.items():
+            back = await restored.get_samples(P, [f"{gid}:{i}" for i in range(G)], list(rows))
+            assert all(torch.equal(back[f], rows[f]) for f in rows), gid
+
+    run(main())

@@ -27,6 +27,7 @@ from rlckpt.checkpoint import codec, layout
 from rlckpt.checkpoint.phase import RestorePhase
 from rlckpt.checkpoint.staging import staging_dir
 from rlckpt.dataplane.base import DataPlaneClient
+from rlckpt.dataplane.rows_snapshot import restore_snapshot
 from rlckpt.dataplane.snapshot_metadata import read_snapshot_metadata
 from rlckpt.dataplane.threads import run_blocking
 from rlckpt.errors import CheckpointError, CorruptBundleError, DataPlaneError, UncommittedBundleError
@@ -119,7 +120,7 @@ async def restore_run(
         try:
             trainer.load_state_bytes(pieces.policy)  # 3
             loader_state = codec.loads(pieces.loader, origin=f"step {step}: {layout.LOADER_FILE}")
-            metadata = await bootstrap.load_checkpoint(pieces.snapshot_dir)  # 3: TQ restored
+            metadata = await restore_snapshot(bootstrap, pieces.snapshot_dir)  # 3: TQ restored
             if metadata.get(layout.META_INDEX_DIGEST) != replay_state["digest"]:
                 raise CorruptBundleError(
                     f"step {step}: the data plane loaded a snapshot for index "

@@ -32,19 +32,23 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from rlckpt.checkpoint import codec, layout
+from rlckpt.checkpoint.row_copy import RowCopier
 from rlckpt.checkpoint.staging import staging_dir
+from rlckpt.dataplane.rows_snapshot import rows_metadata
 from rlckpt.dataplane.snapshot_metadata import update_snapshot_metadata
 from rlckpt.dataplane.threads import run_blocking
 from rlckpt.errors import CheckpointError
-from rlckpt.replay import IndexCapture, ReplayBuffer
-from rlckpt.store import BundleStore, BundleTransaction
+from rlckpt.replay import GroupRecord, IndexCapture, ReplayBuffer
+from rlckpt.store import BundleStore, BundleTransaction, Receipt
 from rlckpt.store.manifest import sha256_hex
 
 logger = logging.getLogger(__name__)
 
 # When the data-plane snapshot is digested and uploaded: after the window (staged, the default) or
 # inside it (inline, for comparison in the stall benchmark).
-UploadTiming = Literal["staged", "inline"]
+# pinned: only the index is captured in the window; the captured rows are copied after it, pinned.
+UploadTiming = Literal["staged", "inline", "pinned"]
+ROWS_PER_FILE = 32  # a pinned copy reads this many rows per request (measured sweet spot: docs/benchmarks.md)
 # Awaited with the step after every piece is written, just before COMMIT (crash tests hold a save there).
 SaveHook = Callable[[int], Awaitable[None]]
 
@@ -69,6 +73,7 @@ class SaveParticipants:
     keep_last: int | None = None
     extra_metadata: Mapping[str, Any] = field(default_factory=dict)
     before_commit: SaveHook | None = None
+    row_copier: RowCopier | None = None  # for pinned saves: copies the captured rows into the transaction
 
 
 @dataclass
@@ -102,6 +107,20 @@ async def save_bundle(parts: SaveParticipants, step: int, *, upload_timing: Uplo
     return report
 
 
+@dataclass
+class _DataPlanePart:
+    """What step 3-4 of a save produced: the captured index and loader position, the data plane's
+    files (or receipts of who wrote them), and how long the window, snapshot and upload took."""
+
+    index: dict[str, Any]
+    dp_metadata: dict[str, Any]
+    loader_state: dict[str, Any]
+    window_s: float
+    snapshot_s: float
+    upload_s: float
+    receipts: list[Receipt] = field(default_factory=list)
+
+
 async def _write_and_commit(
     parts: SaveParticipants, txn: BundleTransaction, step: int, upload_timing: UploadTiming, started: float
 ) -> SaveReport:
@@ -109,8 +128,56 @@ async def _write_and_commit(
     policy_bytes = await parts.policy.state_bytes()  # 2: policy
     await run_blocking(txn.write_bytes, layout.POLICY_FILE, policy_bytes)
     policy_s = time.perf_counter() - t
-    compression = data_plane_compression(parts.store, parts.compress_data_plane)
 
+    if upload_timing == "pinned":  # 3-4: the window, the data plane
+        dp = await _pinned_data_plane(parts, txn, step)
+    else:
+        dp = await _snapshot_data_plane(parts, txn, step, upload_timing)
+    await run_blocking(txn.write_bytes, layout.LOADER_FILE, codec.dumps(dp.loader_state))
+    await run_blocking(txn.write_bytes, layout.REPLAY_FILE, codec.dumps(dp.index))
+
+    metadata = {
+        **parts.extra_metadata,
+        layout.META_FORMAT: layout.RUN_BUNDLE_FORMAT,
+        layout.META_INDEX_DIGEST: dp.dp_metadata[layout.META_INDEX_DIGEST],
+        layout.META_GROUP_COUNT: dp.dp_metadata[layout.META_GROUP_COUNT],
+        layout.META_ROLLOUT_ORDER: parts.rollout_order,
+        layout.META_UPLOAD_TIMING: upload_timing,
+        "data_plane": dp.dp_metadata,
+    }
+    if parts.before_commit is not None:
+        await parts.before_commit(step)
+    manifest = await run_blocking(functools.partial(txn.commit, metadata, receipts=dp.receipts))  # 5: manifest → COMMIT
+    report = SaveReport(
+        step=step,
+        manifest_sha256=sha256_hex(manifest.to_bytes()),
+        total_s=time.perf_counter() - started,
+        policy_s=policy_s,
+        window_s=dp.window_s,
+        snapshot_s=dp.snapshot_s,
+        upload_s=dp.upload_s,
+        bytes_written=manifest.total_size,
+        group_count=dp.dp_metadata[layout.META_GROUP_COUNT],
+        upload_timing=upload_timing,
+    )
+    logger.info(
+        "saved step %d: %d groups, %.1f MiB, window %.3fs (snapshot %.3fs), upload %.3fs, total %.3fs",
+        step,
+        report.group_count,
+        report.bytes_written / 2**20,
+        dp.window_s,
+        dp.snapshot_s,
+        dp.upload_s,
+        report.total_s,
+    )
+    return report
+
+
+async def _snapshot_data_plane(
+    parts: SaveParticipants, txn: BundleTransaction, step: int, upload_timing: UploadTiming
+) -> _DataPlanePart:
+    """TransferQueue's own snapshot inside the window (staged: uploaded after it; inline: inside it)."""
+    compression = data_plane_compression(parts.store, parts.compress_data_plane)
     with staging_dir(parts.staging_root, prefix=f"rlckpt-step{step}-") as staging:
         snapshot_dir = staging / layout.DATA_PLANE_DIR
         async with parts.replay.barrier.checkpoint():  # 3: the window
@@ -136,44 +203,80 @@ async def _write_and_commit(
         if upload_timing == "staged":  # 4: outside the window, off the event loop (rollouts resume at once)
             index, dp_metadata = await run_blocking(_finish_snapshot, captured, snapshot_dir, step, parts.rollout_order)
             upload_s = await _upload_snapshot(txn, snapshot_dir, compression)
-        await run_blocking(txn.write_bytes, layout.LOADER_FILE, codec.dumps(loader_state))
-    await run_blocking(txn.write_bytes, layout.REPLAY_FILE, codec.dumps(index))
+    return _DataPlanePart(index, dp_metadata, loader_state, window_s, snapshot_s, upload_s)
 
-    metadata = {
-        **parts.extra_metadata,
-        layout.META_FORMAT: layout.RUN_BUNDLE_FORMAT,
-        layout.META_INDEX_DIGEST: dp_metadata[layout.META_INDEX_DIGEST],
-        layout.META_GROUP_COUNT: dp_metadata[layout.META_GROUP_COUNT],
-        layout.META_ROLLOUT_ORDER: parts.rollout_order,
-        layout.META_UPLOAD_TIMING: upload_timing,
-        "data_plane": dp_metadata,
+
+async def _pinned_data_plane(parts: SaveParticipants, txn: BundleTransaction, step: int) -> _DataPlanePart:
+    """3: capture and pin the index (no waiting on the data plane: the window is one synchronous step);
+    4: copy exactly the captured rows while rollouts keep committing, unpinning as it goes, and check
+    the data plane holds no row the index cannot account for."""
+    replay, copier = parts.replay, parts.row_copier
+    if copier is None:
+        raise CheckpointError(f"step {step}: a pinned save needs a row copier (SaveParticipants.row_copier)")
+    window_started = time.perf_counter()
+    captured = await replay.pin_capture()
+    loader_state = parts.capture_loader_state()  # the same synchronous step as the capture
+    window_s = time.perf_counter() - window_started
+    t = time.perf_counter()
+    try:
+        await copier.begin(txn.handle(), data_plane_compression(parts.store, parts.compress_data_plane))
+        try:
+            with replay.observe_mutations() as raced:
+                listing = asyncio.ensure_future(replay.data_plane.list_sample_ids(replay.partition_id))
+                try:
+                    files = await _copy_pinned_rows(replay, copier, captured)
+                finally:
+                    stored = await listing
+            replay.check_no_strays(stored, captured, raced)  # a mismatch aborts the save
+            index, dp_metadata = _pinned_metadata(captured, step, parts.rollout_order)
+            receipt = await copier.seal()
+        except BaseException:
+            await copier.abort()
+            raise
+    finally:
+        await replay.end_pins()
+    snapshot_s = time.perf_counter() - t
+    document = rows_metadata(replay.partition_id, files, dp_metadata)
+    await run_blocking(txn.write_bytes, layout.DATA_PLANE_METADATA, document)
+    return _DataPlanePart(index, dp_metadata, loader_state, window_s, snapshot_s, 0.0, [receipt])
+
+
+async def _copy_pinned_rows(replay: ReplayBuffer, copier: RowCopier, captured: IndexCapture) -> list[str]:
+    """One rows file per batch of captured groups (groups with the same columns, about ROWS_PER_FILE
+    rows); each batch is unpinned once its file is written. Returns the files, bundle-relative to
+    ``data_plane/``."""
+    files: list[str] = []
+    for batch in _batches(captured.committed):
+        name = f"rows-{len(files):06d}.bin"
+        keys = [s for g in batch for s in g.sample_ids]
+        await copier.copy(replay.partition_id, keys, batch[0].fields, f"{layout.DATA_PLANE_DIR}/{name}")
+        files.append(name)
+        await replay.unpin(g.group_id for g in batch)
+    return files
+
+
+def _batches(groups: list[GroupRecord]) -> list[list[GroupRecord]]:
+    """Consecutive groups with the same columns, about ROWS_PER_FILE rows per batch."""
+    out: list[list[GroupRecord]] = []
+    for group in groups:
+        last = out[-1] if out else None
+        if last and last[0].fields == group.fields and sum(len(g.sample_ids) for g in last) < ROWS_PER_FILE:
+            last.append(group)
+        else:
+            out.append([group])
+    return out
+
+
+def _pinned_metadata(captured: IndexCapture, step: int, rollout_order: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    index = captured.state_dict()
+    dp_metadata = {
+        layout.META_INDEX_DIGEST: index["digest"],
+        layout.META_GROUP_COUNT: len(index["groups"]),
+        layout.META_ROLLOUT_ORDER: rollout_order,
+        "step": step,
+        "partition_id": index["partition_id"],
     }
-    if parts.before_commit is not None:
-        await parts.before_commit(step)
-    manifest = await run_blocking(txn.commit, metadata)  # 5: manifest → COMMIT
-    report = SaveReport(
-        step=step,
-        manifest_sha256=sha256_hex(manifest.to_bytes()),
-        total_s=time.perf_counter() - started,
-        policy_s=policy_s,
-        window_s=window_s,
-        snapshot_s=snapshot_s,
-        upload_s=upload_s,
-        bytes_written=manifest.total_size,
-        group_count=dp_metadata[layout.META_GROUP_COUNT],
-        upload_timing=upload_timing,
-    )
-    logger.info(
-        "saved step %d: %d groups, %.1f MiB, window %.3fs (snapshot %.3fs), upload %.3fs, total %.3fs",
-        step,
-        report.group_count,
-        report.bytes_written / 2**20,
-        window_s,
-        snapshot_s,
-        upload_s,
-        report.total_s,
-    )
-    return report
+    return index, dp_metadata
 
 
 def data_plane_compression(store: BundleStore, wanted: bool | None) -> str | None:

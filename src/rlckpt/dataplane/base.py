@@ -57,6 +57,19 @@ class DataPlaneClient(abc.ABC):
         """
 
     @abc.abstractmethod
+    async def get_rows(
+        self, partition_id: str, keys: Sequence[str], fields: Sequence[str]
+    ) -> dict[str, list[torch.Tensor]]:
+        """One tensor per row for each of ``fields`` (rows in ``keys`` order; rows may differ in shape).
+
+        Raises MissingSamplesError naming every missing key.
+        """
+
+    @abc.abstractmethod
+    async def is_empty(self) -> bool:
+        """True when the data plane holds no partition at all, whoever wrote it."""
+
+    @abc.abstractmethod
     async def clear_samples(self, partition_id: str, keys: Sequence[str]) -> None:
         """Delete the rows of ``keys`` (absent keys are ignored)."""
 
@@ -82,6 +95,11 @@ class DataPlaneClient(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None:
         """Release this client; an owning (bootstrap) client also shuts the data plane down."""
+
+    @property
+    def restore_guard(self) -> RestoreGuard:
+        """This client's restore guard (for restore procedures outside the adapter)."""
+        return self._guard
 
     @property
     def touched(self) -> bool:

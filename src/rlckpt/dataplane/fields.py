@@ -52,6 +52,20 @@ def batch_fields(fields: Mapping[str, Any], num_rows: int, where: str) -> dict[s
     return out
 
 
+def rows_of(name: str, value: Any, where: str) -> list[torch.Tensor]:
+    """One tensor per row from what a backend returned: a dense or nested tensor, a list of tensors,
+    or a list-like of numpy rows (TQ hands numpy rows back as a NonTensorStack)."""
+    if isinstance(value, torch.Tensor):
+        return list(value.unbind(0) if not value.is_nested else value.unbind())
+    listlike = hasattr(value, "tolist") and not isinstance(value, list | tuple)
+    rows = list(value.tolist()) if listlike else list(value)
+    rows = [torch.from_numpy(np.array(row)) if isinstance(row, np.ndarray) else row for row in rows]
+    if not all(isinstance(row, torch.Tensor) for row in rows):
+        kinds = sorted({type(row).__name__ for row in rows})
+        raise DataPlaneError(f"{where}: field {name!r} holds non-tensor values {kinds}")
+    return rows
+
+
 def densify(name: str, value: Any, where: str) -> torch.Tensor:
     """A dense tensor from what a backend returned.
 
@@ -60,16 +74,7 @@ def densify(name: str, value: Any, where: str) -> torch.Tensor:
     """
     if isinstance(value, torch.Tensor) and not value.is_nested:
         return value
-    if isinstance(value, torch.Tensor):
-        rows = list(value.unbind())
-    elif hasattr(value, "tolist") and not isinstance(value, list | tuple):
-        rows = list(value.tolist())
-    else:
-        rows = list(value)
-    rows = [torch.from_numpy(np.array(row)) if isinstance(row, np.ndarray) else row for row in rows]
-    if not all(isinstance(row, torch.Tensor) for row in rows):
-        kinds = sorted({type(row).__name__ for row in rows})
-        raise DataPlaneError(f"{where}: field {name!r} holds non-tensor values {kinds}")
+    rows = rows_of(name, value, where)
     shapes = {tuple(row.shape) for row in rows}
     if len(shapes) > 1:
         raise DataPlaneError(f"{where}: field {name!r} has ragged rows {sorted(shapes)[:3]}; cannot densify")

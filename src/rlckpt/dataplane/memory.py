@@ -85,6 +85,17 @@ class InMemoryDataPlane(DataPlaneClient):
         fields: Sequence[str] | None = None,
     ) -> dict[str, torch.Tensor]:
         where = f"get_samples(partition={partition_id!r})"
+        rows = await self._rows(partition_id, keys, fields, where)
+        return {name: densify(name, column, where) for name, column in rows.items()}
+
+    async def get_rows(
+        self, partition_id: str, keys: Sequence[str], fields: Sequence[str]
+    ) -> dict[str, list[torch.Tensor]]:
+        return await self._rows(partition_id, keys, fields, f"get_rows(partition={partition_id!r})")
+
+    async def _rows(
+        self, partition_id: str, keys: Sequence[str], fields: Sequence[str] | None, where: str
+    ) -> dict[str, list[torch.Tensor]]:
         keys = check_keys(keys, where)
         if not keys:
             return {}
@@ -96,13 +107,16 @@ class InMemoryDataPlane(DataPlaneClient):
             raise MissingSamplesError(f"{where}: {len(missing)} of {len(keys)} keys missing: {missing[:20]}")
         rows = [partition[k] for k in keys]
         names = list(fields) if fields is not None else sorted({n for row in rows for n in row})
-        out: dict[str, torch.Tensor] = {}
+        out: dict[str, list[torch.Tensor]] = {}
         for name in names:
             lacking = [k for k, row in zip(keys, rows, strict=True) if name not in row]
             if lacking:
                 raise DataPlaneError(f"{where}: field {name!r} not written for keys {lacking[:20]}")
-            out[name] = densify(name, [row[name] for row in rows], where)
+            out[name] = [row[name] for row in rows]
         return out
+
+    async def is_empty(self) -> bool:
+        return self.store.is_empty()
 
     async def clear_samples(self, partition_id: str, keys: Sequence[str]) -> None:
         keys = check_keys(keys, f"clear_samples(partition={partition_id!r})")

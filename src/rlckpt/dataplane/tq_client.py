@@ -18,7 +18,7 @@ import torch
 
 from rlckpt.dataplane import ray_cluster  # noqa: F401  (sets Ray/TQ env defaults before ray import)
 from rlckpt.dataplane.base import SNAPSHOT_METADATA_FILE, DataPlaneClient, FieldValue
-from rlckpt.dataplane.fields import batch_fields, check_json_metadata, check_keys, densify
+from rlckpt.dataplane.fields import batch_fields, check_json_metadata, check_keys, densify, rows_of
 from rlckpt.dataplane.row_parser import PARSERS
 from rlckpt.dataplane.threads import run_blocking
 from rlckpt.errors import DataPlaneError, MissingSamplesError, RestoreRefusedError
@@ -161,6 +161,12 @@ class TransferQueueClient(DataPlaneClient):
     def _get_sync(
         self, partition_id: str, keys: list[str], fields: Sequence[str] | None, where: str
     ) -> dict[str, torch.Tensor]:
+        data = self._fetch(partition_id, keys, fields, where)
+        names = list(fields) if fields is not None else list(data.keys())
+        return {name: densify(name, data.get(name), where) for name in names}
+
+    def _fetch(self, partition_id: str, keys: list[str], fields: Sequence[str] | None, where: str) -> Any:
+        """TQ's batch for ``keys``: exactly that many rows, or MissingSamplesError naming the missing keys."""
         import transfer_queue as tq
 
         try:
@@ -180,8 +186,28 @@ class TransferQueueClient(DataPlaneClient):
             raise MissingSamplesError(
                 f"{where}: got {rows} of {len(keys)} rows; missing keys: {missing[:20] or 'unknown'}"
             )
-        names = list(fields) if fields is not None else list(data.keys())
-        return {name: densify(name, data.get(name), where) for name in names}
+        return data
+
+    async def get_rows(
+        self, partition_id: str, keys: Sequence[str], fields: Sequence[str]
+    ) -> dict[str, list[torch.Tensor]]:
+        where = f"get_rows(partition={partition_id!r})"
+        self._check_open(where)
+        keys = check_keys(keys, where)
+        if not keys:
+            return {}
+        self._guard.mark_touched()
+        return await run_blocking(self._get_rows_sync, partition_id, keys, list(fields), where)
+
+    def _get_rows_sync(
+        self, partition_id: str, keys: list[str], fields: list[str], where: str
+    ) -> dict[str, list[torch.Tensor]]:
+        data = self._fetch(partition_id, keys, fields, where)
+        return {name: rows_of(name, data.get(name), where) for name in fields}
+
+    async def is_empty(self) -> bool:
+        self._check_open("is_empty")
+        return not await run_blocking(self._list_sync, None)
 
     async def clear_samples(self, partition_id: str, keys: Sequence[str]) -> None:
         import transfer_queue as tq

@@ -26,13 +26,16 @@ The index holds no tensors: rows are passed through to the data plane untouched.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from rlckpt.errors import InventoryMismatchError, ReplayError, ReplayStateError
 from rlckpt.replay.barrier import DataPlaneCheckpointBarrier
+from rlckpt.replay.pins import Pins
 from rlckpt.replay.records import (
     REPLAY_INDEX_FORMAT,
     GroupRecord,
@@ -73,6 +76,11 @@ class ReplayBuffer:
         self._taken: set[str] = set()
         self._busy: set[str] = set()  # groups with a commit/remove/write in progress
         self._changed = asyncio.Event()
+        self._removing = 0  # removals of committed groups in flight (a pinned capture waits for them)
+        self._pins: Pins | None = None
+        self._running: dict[int, tuple[str, ...]] = {}  # data-plane mutations in flight -> their keys
+        self._observers: list[set[str]] = []
+        self._tokens = itertools.count()
 
     # --- inspection ----------------------------------------------------------------------------
 
@@ -155,12 +163,19 @@ class ReplayBuffer:
             keys = [sample_id(group_id, i) for i in range(len(rows))]
             fields = {name: [row[name] for row in rows] for name in names}
             async with self.barrier.mutation():
-                try:
-                    await self.data_plane.put_samples(self.partition_id, keys, fields)
-                except BaseException:
-                    await self._rollback(group_id, keys)
-                    raise
-                record = replace(record, sample_ids=tuple(keys), start_weight=start_weight, end_weight=end_weight)
+                with self._mutating(keys):
+                    try:
+                        await self.data_plane.put_samples(self.partition_id, keys, fields)
+                    except BaseException:
+                        await self._rollback(group_id, keys)
+                        raise
+                record = replace(
+                    record,
+                    sample_ids=tuple(keys),
+                    start_weight=start_weight,
+                    end_weight=end_weight,
+                    fields=tuple(sorted(names)),
+                )
                 self._groups[group_id] = record
         finally:
             self._release(group_id)
@@ -207,13 +222,19 @@ class ReplayBuffer:
         return await self.data_plane.get_samples(self.partition_id, keys, fields)
 
     async def write_fields(self, group_id: str, fields: Mapping[str, Any]) -> None:
-        """Add/overwrite columns (e.g. ``advantages``) on a committed group's rows, in a mutation."""
+        """Add/overwrite columns (e.g. ``advantages``) on a committed group's rows, in a mutation.
+
+        Overwriting a column the group was committed with waits while a pinned checkpoint has not
+        copied the group yet; adding a new column does not (the copy reads only the group's own)."""
         record = self._claim(group_id, "write_fields")
         try:
             if not record.committed:
                 raise ReplayError(f"write_fields on group {group_id!r}: not committed")
+            if self._pins is not None and set(fields) & set(record.fields):
+                await self._pins.wait_copied(group_id)
             async with self.barrier.mutation():
-                await self.data_plane.put_samples(self.partition_id, list(record.sample_ids), fields)
+                with self._mutating(record.sample_ids):
+                    await self.data_plane.put_samples(self.partition_id, list(record.sample_ids), fields)
         finally:
             self._release(group_id)
 
@@ -224,14 +245,24 @@ class ReplayBuffer:
         """
         record = self._claim(group_id, "remove_group")
         try:
-            async with self.barrier.mutation():
-                if clear_data_plane and record.committed:
-                    await self.data_plane.clear_samples(self.partition_id, list(record.sample_ids))
+            if self._pins is not None and self._pins.holds(group_id):  # its rows stay until they are copied
+                self._pins.deferred[group_id] = record.sample_ids if clear_data_plane else ()
                 del self._groups[group_id]
                 self._taken.discard(group_id)
+                return
+            self._removing += 1
+            try:
+                async with self.barrier.mutation():
+                    if clear_data_plane and record.committed:
+                        with self._mutating(record.sample_ids):
+                            await self.data_plane.clear_samples(self.partition_id, list(record.sample_ids))
+                    del self._groups[group_id]
+                    self._taken.discard(group_id)
+            finally:
+                self._removing -= 1
         finally:
             self._release(group_id)
-        self._notify()
+            self._notify()
 
     async def evict_stale(self, min_weight_version: int) -> list[str]:
         """Remove committed, not taken groups with ``start_weight < min_weight_version``."""
@@ -256,6 +287,78 @@ class ReplayBuffer:
         (``IndexCapture.state_dict()``) can wait until the window is released.
         """
         return IndexCapture(self.partition_id, self.group_size, self._next_seq, tuple(self._groups.values()))
+
+    async def pin_capture(self) -> IndexCapture:
+        """Capture the index and pin its committed groups (see pins.py), without waiting on the data plane.
+
+        The capture is one synchronous step of the event loop; it only waits for removals already in
+        flight (their rows may be half cleared). A commit in flight is not captured: its group is
+        reserved in the capture, and a resumed run generates it again.
+        """
+        if self._pins is not None:
+            raise ReplayError(f"replay buffer (partition {self.partition_id!r}): a pinned capture is still copying")
+        while self._removing:
+            await self._wait_for_change()
+        capture = self.capture_index()
+        self._pins = Pins.of(g.group_id for g in capture.committed)
+        return capture
+
+    @property
+    def pinned(self) -> set[str]:
+        """Groups of the current pinned capture whose rows are not copied yet."""
+        return set(self._pins.pending) if self._pins is not None else set()
+
+    @property
+    def deferred_sample_ids(self) -> set[str]:
+        """Rows of removed groups whose clear waits for a pinned copy."""
+        return {s for keys in (self._pins.deferred.values() if self._pins else ()) for s in keys}
+
+    async def unpin(self, group_ids: Iterable[str]) -> None:
+        """The rows of these pinned groups are copied: clear the ones whose removal was deferred."""
+        if self._pins is None:
+            return
+        for gid in group_ids:
+            keys = self._pins.release(gid)
+            if keys:
+                async with self.barrier.mutation():
+                    with self._mutating(keys):
+                        await self.data_plane.clear_samples(self.partition_id, list(keys))
+
+    async def end_pins(self) -> None:
+        """The pinned copy is over (done or given up): unpin everything left and forget the capture."""
+        if self._pins is not None:
+            try:
+                await self.unpin(list(self._pins.pending) + list(self._pins.deferred))
+            finally:
+                self._pins = None
+                self._notify()
+
+    @contextlib.contextmanager
+    def observe_mutations(self) -> Iterator[set[str]]:
+        """A set that collects the keys of every data-plane mutation running now or started while open:
+        the rows whose presence a listing taken meanwhile cannot tell."""
+        seen = {k for keys in self._running.values() for k in keys}
+        self._observers.append(seen)
+        try:
+            yield seen
+        finally:
+            self._observers.remove(seen)
+
+    def check_no_strays(self, stored: Iterable[str], capture: IndexCapture, raced: set[str]) -> None:
+        """The inventory check of a pinned save, on a listing taken after the capture while commits went
+        on: every captured row is stored (pins keep them), and nothing is stored that neither the
+        capture, the index now, a deferred clear, nor a mutation racing the listing accounts for."""
+        stored = set(stored)
+        captured = capture.sample_ids
+        accounted = captured | set(self.sample_ids()) | self.deferred_sample_ids | raced
+        missing = sorted(captured - stored - raced)  # a deferred clear may race the listing once unpinned
+        strays = sorted(stored - accounted)
+        if missing or strays:
+            raise InventoryMismatchError(
+                f"data plane partition {self.partition_id!r} disagrees with the captured replay index: "
+                f"{len(missing)} captured rows missing {missing[:20]}, {len(strays)} rows no index accounts for "
+                f"{strays[:20]}"
+            )
 
     def metadata_state_dict(self) -> dict[str, Any]:
         """Index only (no tensors), with a sha256 digest of the canonical JSON of the groups.
@@ -355,6 +458,18 @@ class ReplayBuffer:
 
     def _release(self, group_id: str) -> None:
         self._busy.discard(group_id)
+
+    @contextlib.contextmanager
+    def _mutating(self, keys: Iterable[str]) -> Iterator[None]:
+        """Record a data-plane mutation of `keys` while it runs (see observe_mutations)."""
+        token, keys = next(self._tokens), tuple(keys)
+        self._running[token] = keys
+        for seen in self._observers:
+            seen.update(keys)
+        try:
+            yield
+        finally:
+            del self._running[token]
 
     def _notify(self) -> None:
         self._changed.set()

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-REPLAY_INDEX_FORMAT = 1  # a saved index carries it as "schema_version"
+REPLAY_INDEX_FORMAT = 2  # a saved index carries it as "schema_version"; 2 added each group's fields
 
 
 def sample_id(group_id: str, index: int) -> str:
@@ -24,6 +24,8 @@ class GroupRecord:
     ``target_step``: the trainer step it is meant for (in-order mode), else None.
     ``sample_ids``: empty while only reserved; the data-plane keys once committed.
     ``start_weight``/``end_weight``: oldest/newest policy version that produced its tokens.
+    ``fields``: the columns its commit wrote (sorted); a copy of its rows reads exactly these, so a
+    column added later (``advantages``) is not part of what the group is.
     """
 
     group_id: str
@@ -33,6 +35,7 @@ class GroupRecord:
     sample_ids: tuple[str, ...] = ()
     start_weight: int | None = None
     end_weight: int | None = None
+    fields: tuple[str, ...] = ()
 
     @property
     def committed(self) -> bool:
@@ -43,6 +46,7 @@ class GroupRecord:
         """Plain JSON-able dict (sample_ids as a list)."""
         out = asdict(self)
         out["sample_ids"] = list(self.sample_ids)
+        out["fields"] = list(self.fields)
         return out
 
     @classmethod
@@ -57,6 +61,7 @@ class GroupRecord:
             sample_ids=tuple(str(s) for s in data["sample_ids"]),
             start_weight=None if data["start_weight"] is None else int(data["start_weight"]),
             end_weight=None if data["end_weight"] is None else int(data["end_weight"]),
+            fields=tuple(str(f) for f in data["fields"]),
         )
 
 
@@ -74,6 +79,15 @@ class IndexCapture:
     group_size: int
     next_seq: int
     groups: tuple[GroupRecord, ...]
+
+    @property
+    def committed(self) -> list[GroupRecord]:
+        """The captured groups that have rows in the data plane."""
+        return [g for g in self.groups if g.committed]
+
+    @property
+    def sample_ids(self) -> set[str]:
+        return {s for g in self.groups for s in g.sample_ids}
 
     def state_dict(self) -> dict[str, Any]:
         """The serialized index: header, groups as JSON dicts, and the digest over the groups."""
