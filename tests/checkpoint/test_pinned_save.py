@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from rlckpt.checkpoint import codec, layout
-from rlckpt.checkpoint.restore import restore_run
 from rlckpt.checkpoint.phase import RestorePhase
+from rlckpt.checkpoint.restore import restore_run
 from rlckpt.checkpoint.row_copy import RowCopyWorker
 from rlckpt.checkpoint.save import SaveParticipants, save_bundle
 from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
@@ -61,12 +61,17 @@ class Policy:
 
 def rows(seed: int) -> list[dict[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
-    return [{"completion": torch.randint(0, 50, (40,), generator=g), "reward": torch.rand(1, generator=g)} for _ in range(GROUP)]
+    return [
+        {"completion": torch.randint(0, 50, (40,), generator=g), "reward": torch.rand(1, generator=g)}
+        for _ in range(GROUP)
+    ]
 
 
 async def buffer_with(groups: int) -> tuple[ReplayBuffer, InMemoryStore]:
     store = InMemoryStore()
-    replay = ReplayBuffer(InMemoryDataPlane(store), DataPlaneCheckpointBarrier(), partition_id=PARTITION, group_size=GROUP)
+    replay = ReplayBuffer(
+        InMemoryDataPlane(store), DataPlaneCheckpointBarrier(), partition_id=PARTITION, group_size=GROUP
+    )
     for i in range(groups):
         gid = replay.reserve(weight_version=0)
         await replay.commit(gid, rows(i), start_weight=0, end_weight=0)
