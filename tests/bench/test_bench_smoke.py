@@ -23,6 +23,8 @@ from rlckpt.bench.report import (
 )
 from rlckpt.bench.rows import RowShape
 from rlckpt.bench.save_restore import SaveRestoreConfig, run_save_restore
+from rlckpt.checkpoint.row_copy import start_ray_row_copier
+from rlckpt.controller.connect import ConnectOnlyDataPlane
 from rlckpt.store import BundleStore
 from rlckpt.testing.tq import connect_client, reset_tq_state
 
@@ -38,25 +40,31 @@ def test_barrier_sweep_measures_every_point_and_writes_its_reports(tq_session, d
     config = BarrierConfig(
         sizes_mib=[0.25], saves=1, save_gap_s=0.2, warmup_s=0.1, tail_s=0.1, policy_mib=0.25, shape=TINY_ROWS
     )
-    points = run_sweep(config, destinations, connect=connect_client, reset=reset_tq_state)
+    copier = start_ray_row_copier(ConnectOnlyDataPlane())
+    points = run_sweep(config, destinations, connect=connect_client, reset=reset_tq_state, row_copier=copier)
 
     assert [(p.destination, p.upload_timing) for p in points] == [
         ("local", "inline"),
         ("local", "staged"),
+        ("local", "pinned"),
         ("s3-moto", "inline"),
         ("s3-moto", "staged"),
+        ("s3-moto", "pinned"),
     ]
     for p in points:
         assert len(p.saves) == 1 and p.saves[0].bytes_written > 0
-        assert p.saves[0].pre_list_ms >= 0 and p.saves[0].list_ms > 0 and p.saves[0].post_snapshot_ms >= 0
+        if p.upload_timing != "pinned":  # a pinned save holds no window to split
+            assert p.saves[0].pre_list_ms >= 0 and p.saves[0].list_ms > 0 and p.saves[0].post_snapshot_ms >= 0
         assert p.groups == TINY_ROWS.groups_for(0.25)
         assert p.commits > 0 and p.commits_idle.n + p.commits_during_save.n == p.commits
+        assert p.latency_idle.n + p.latency_during_save.n == p.commits
     write_json(tmp_path / "out.json", result_document(points, config, {"command": "test"}))
     document = json.loads((tmp_path / "out.json").read_text())
     assert {t["target"] for t in document["targets"]} == {
         "staged S3 p99 <= 1.25x staged local",
         "staged >= 5x lower p99 than inline on S3",
         "window <= TQ snapshot + 10 ms",
+        "pinned: p99 commit wait during a save <= 2 ms",
     }
     assert barrier_table(points).count("\n") == 2 + len(points)
     assert "window <= TQ snapshot" in targets_table(evaluate_targets(points))

@@ -24,6 +24,7 @@ from rlckpt.bench.rows import MiB, RowShape
 from rlckpt.bench.stats import Summary, summarize
 from rlckpt.bench.timed_barrier import MutationEvent, TimedBarrier, WindowEvent
 from rlckpt.bench.timed_plane import TimedDataPlane
+from rlckpt.checkpoint.row_copy import RowCopier
 from rlckpt.checkpoint.save import SaveParticipants, UploadTiming, save_bundle
 from rlckpt.dataplane.base import DataPlaneClient
 from rlckpt.replay import ReplayBuffer
@@ -35,6 +36,7 @@ PARTITION = "bench"
 # Waits below this are event-loop scheduling noise, not a stall; ratios floor both sides here so
 # "0.02 ms vs 0.01 ms" does not read as a 2x miss.
 STALL_RESOLUTION_MS = 1.0
+PINNED_WAIT_TARGET_MS = 2.0
 
 
 @dataclass
@@ -42,7 +44,7 @@ class BarrierConfig:
     """One sweep: sizes × destinations (given separately) × upload timings, and the pump/save cadence."""
 
     sizes_mib: list[float] = field(default_factory=lambda: [16.0, 64.0, 256.0])
-    upload_timings: list[UploadTiming] = field(default_factory=lambda: ["inline", "staged"])
+    upload_timings: list[UploadTiming] = field(default_factory=lambda: ["inline", "staged", "pinned"])
     saves: int = 3
     save_gap_s: float = 2.0  # idle time between the end of one save and the start of the next
     warmup_s: float = 1.0
@@ -90,6 +92,9 @@ class PointResult:
     commits_during_save: Summary  # requested between a save's start and end
     commits_in_window: Summary  # requested while (or just before) the window was held
     saves: list[SaveRecord]
+    # the whole commit (barrier wait + put + index update), which a copy reading the data plane can slow
+    latency_idle: Summary = field(default_factory=lambda: summarize([]))
+    latency_during_save: Summary = field(default_factory=lambda: summarize([]))
 
     @property
     def _worst_save(self) -> SaveRecord:
@@ -152,6 +157,7 @@ async def run_point(
     upload_timing: UploadTiming,
     trainer: BlobTrainer,
     keepalive: list[Any] | None = None,
+    row_copier: RowCopier | None = None,
 ) -> PointResult:
     """Pump rollouts, save ``config.saves`` times, and summarize what the commits waited.
 
@@ -174,8 +180,10 @@ async def run_point(
         staging_root=config.staging_root,
         compress_data_plane=config.compress,
         keep_last=1,
+        row_copier=row_copier,
     )
     barrier.clear_events()
+    pump.latencies.clear()
     stop = asyncio.Event()
     pump_task = asyncio.create_task(pump.run(stop), name="bench-pump")
     started_commits = pump.committed
@@ -192,30 +200,31 @@ async def run_point(
             windows_before = len(barrier.window_events)
             report = await save_bundle(parts, step, upload_timing=upload_timing)
             save_bounds.append((t0, time.perf_counter()))
-            window = barrier.window_events[windows_before]
-            c = timed.calls
-            records.append(
-                SaveRecord(
-                    step=step,
-                    window_s=report.window_s,
-                    snapshot_s=report.snapshot_s,
-                    upload_s=report.upload_s,
-                    policy_s=report.policy_s,
-                    total_s=report.total_s,
-                    bytes_written=report.bytes_written,
-                    window_minus_snapshot_ms=1e3 * (report.window_s - report.snapshot_s),
-                    pre_list_ms=1e3 * (c.list_start - window.start),
-                    list_ms=1e3 * (c.list_end - c.list_start),
-                    list_to_snapshot_ms=1e3 * (c.snapshot_start - c.list_end),
-                    post_snapshot_ms=1e3 * (window.end - c.snapshot_end),
-                )
+            record = SaveRecord(
+                step=step,
+                window_s=report.window_s,
+                snapshot_s=report.snapshot_s,
+                upload_s=report.upload_s,
+                policy_s=report.policy_s,
+                total_s=report.total_s,
+                bytes_written=report.bytes_written,
+                window_minus_snapshot_ms=1e3 * (report.window_s - report.snapshot_s),
             )
+            if len(barrier.window_events) > windows_before:  # pinned saves hold no window
+                window, c = barrier.window_events[windows_before], timed.calls
+                record.pre_list_ms = 1e3 * (c.list_start - window.start)
+                record.list_ms = 1e3 * (c.list_end - c.list_start)
+                record.list_to_snapshot_ms = 1e3 * (c.snapshot_start - c.list_end)
+                record.post_snapshot_ms = 1e3 * (window.end - c.snapshot_end)
+            records.append(record)
         await asyncio.sleep(config.tail_s)
     finally:
         stop.set()
         await pump_task  # re-raises a pump failure: the point is invalid then
     elapsed = time.perf_counter() - t_begin
     idle, during, in_window = classify_commit_waits(barrier.mutation_events, save_bounds, barrier.window_events)
+    latency_during = [s for start, s in pump.latencies if any(a <= start <= b for a, b in save_bounds)]
+    latency_idle = [s for start, s in pump.latencies if not any(a <= start <= b for a, b in save_bounds)]
     groups = sum(1 for g in replay.groups() if g.committed)
     commits = pump.committed - started_commits
     return PointResult(
@@ -231,6 +240,8 @@ async def run_point(
         commits_during_save=summarize(during),
         commits_in_window=summarize(in_window),
         saves=records,
+        latency_idle=summarize(latency_idle),
+        latency_during_save=summarize(latency_during),
     )
 
 
@@ -242,6 +253,7 @@ async def run_size(
     destinations: Sequence[Destination],
     on_point: Callable[[PointResult], None] = lambda p: None,
     keepalive: list[Any] | None = None,
+    row_copier: RowCopier | None = None,
 ) -> list[PointResult]:
     """Fill an empty data plane to ``size_mib`` and run every destination × upload timing on it."""
     barrier = TimedBarrier()
@@ -269,6 +281,7 @@ async def run_size(
                 upload_timing=upload_timing,
                 trainer=trainer,
                 keepalive=keepalive,
+                row_copier=row_copier,
             )
             on_point(point)
             results.append(point)
@@ -282,6 +295,7 @@ def run_sweep(
     connect: Callable[[], DataPlaneClient],
     reset: Callable[[], None],
     on_point: Callable[[PointResult], None] = lambda p: None,
+    row_copier: RowCopier | None = None,
 ) -> list[PointResult]:
     """Every size on an emptied TransferQueue with a fresh connect-only client (sync entry point)."""
     results: list[PointResult] = []
@@ -291,7 +305,13 @@ def run_sweep(
         keepalive: list[Any] = []  # stores die after the loop (see run_point)
         results += asyncio.run(
             run_size(
-                client, config=config, size_mib=size, destinations=destinations, on_point=on_point, keepalive=keepalive
+                client,
+                config=config,
+                size_mib=size,
+                destinations=destinations,
+                on_point=on_point,
+                keepalive=keepalive,
+                row_copier=row_copier,
             )
         )
         keepalive.clear()
@@ -360,6 +380,20 @@ def evaluate_targets(points: Sequence[PointResult]) -> list[TargetCheck]:
                     )
                 )
     for p in points:
+        if p.upload_timing == "pinned":
+            d = p.commits_during_save
+            checks.append(
+                TargetCheck(
+                    "pinned: p99 commit wait during a save <= 2 ms",
+                    f"{p.size_mib:g} MiB {p.destination}",
+                    d.p99_ms,
+                    PINNED_WAIT_TARGET_MS,
+                    d.p99_ms <= PINNED_WAIT_TARGET_MS,
+                    f"max {d.max_ms:.2f} ms over {d.n} commits; whole commit p99 "
+                    f"{p.latency_during_save.p99_ms:.1f} ms during saves vs {p.latency_idle.p99_ms:.1f} ms idle",
+                )
+            )
+    for p in points:
         if p.upload_timing != "staged" or not p.saves:
             continue
         worst = max(p.saves, key=lambda s: s.window_minus_snapshot_ms)
@@ -407,8 +441,9 @@ def points_from_document(document: dict[str, Any]) -> list[PointResult]:
     derived = {"window_ms", "snapshot_ms", "window_excess_ms", "window_excess_median_ms"}
     for raw in document["points"]:
         d = {k: v for k, v in raw.items() if k not in derived}
-        for name in ("commits_idle", "commits_during_save", "commits_in_window"):
-            d[name] = Summary(**d[name])
+        for name in ("commits_idle", "commits_during_save", "commits_in_window", "latency_idle", "latency_during_save"):
+            if name in d:
+                d[name] = Summary(**d[name])
         d["saves"] = [SaveRecord(**s) for s in d["saves"]]
         out.append(PointResult(**d))
     return out

@@ -38,6 +38,8 @@ class RolloutPump:
         self._trim_wanted = asyncio.Event()
         self.committed = 0
         self.failures: list[BaseException] = []
+        # (start, seconds) of every timed commit: the whole commit, put included, not only its barrier wait
+        self.latencies: list[tuple[float, float]] = []
 
     async def fill(self, groups: int, concurrency: int = 4) -> None:
         """Commit ``groups`` groups as fast as the data plane takes them (no timing; setup only)."""
@@ -59,8 +61,10 @@ class RolloutPump:
 
     async def _produce_one(self) -> None:
         ROLE.set("commit")
+        start = time.perf_counter()
         try:
             await self._commit_one()
+            self.latencies.append((start, time.perf_counter() - start))
         except BaseException as exc:  # kept and re-raised by run(): a failing pump invalidates the point
             self.failures.append(exc)
             raise

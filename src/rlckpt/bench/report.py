@@ -27,9 +27,9 @@ def barrier_table(points: Sequence[PointResult]) -> str:
     """One markdown row per point: stalls (ms), window vs snapshot (ms), save and upload (s), bytes."""
     header = (
         "| data plane | destination | upload timing | commits idle p99 | during save p50 / p99 / max | "
-        "longest window | its TQ snapshot | window − snapshot median / worst | upload (max) | save total (max) | "
-        "written |\n"
-        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "whole commit p99 idle / during save | longest window | its snapshot (pinned: copy) | "
+        "window − snapshot median / worst | upload (max) | save total (max) | written |\n"
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     lines = []
     for p in points:
@@ -40,6 +40,7 @@ def barrier_table(points: Sequence[PointResult]) -> str:
         lines.append(
             f"| {p.data_plane_bytes / MiB:.0f} MiB | {p.destination} | {p.upload_timing} | "
             f"{_ms(p.commits_idle.p99_ms)} ms | {_ms(d.p50_ms)} / {_ms(d.p99_ms)} / {_ms(d.max_ms)} ms | "
+            f"{_ms(p.latency_idle.p99_ms)} / {_ms(p.latency_during_save.p99_ms)} ms | "
             f"{_ms(p.window_ms)} ms | {_ms(p.snapshot_ms)} ms | "
             f"{p.window_excess_median_ms:+.1f} / {p.window_excess_ms:+.1f} ms | {upload:.2f} s | {total:.2f} s | "
             f"{written:.0f} MiB |"
@@ -71,7 +72,7 @@ def barrier_plot(points: Sequence[PointResult], path: Path) -> Path:
             (p for p in points if p.upload_timing == timing and p.destination == dest), key=lambda p: p.size_mib
         )
         sizes = [p.data_plane_bytes / MiB for p in series]
-        style = "-" if timing == "staged" else "--"
+        style = {"staged": "-", "inline": "--", "pinned": "-."}.get(timing, ":")
         marker = {"local": "o", "s3-moto": "s", "s3-rgw": "^"}.get(dest, "x")
         for ax, metric in zip(axes, ("p99_ms", "max_ms"), strict=True):
             values = [max(getattr(p.commits_during_save, metric), 0.01) for p in series]

@@ -19,9 +19,11 @@ what it does:
   save path.
   upload timings: inline = TQ snapshot *and upload* inside the barrier window (how the reference
   implementation saves, see docs/architecture.md); staged = snapshot to local staging inside the
-  window, upload after it (rlckpt's default).
-  Reports each commit's wait at the barrier (outside saves / during saves), the window, TQ's own
-  snapshot time and the whole save; writes barrier_stall.{json,md,png} to --out-dir.
+  window, upload after it; pinned = only the index is captured (no window at all), the captured
+  rows are copied and uploaded afterwards while commits go on (rlckpt's default).
+  Reports each commit's wait at the barrier (outside saves / during saves), each whole commit (put
+  included: a copy reading the data plane can slow puts), the window, the snapshot (TQ's own, or the
+  pinned copy) and the whole save; writes barrier_stall.{json,md,png} to --out-dir.
 
 examples:
   rlckpt bench barrier                                   # 16/64/256 MiB x local/S3(moto) x inline/staged
@@ -120,9 +122,9 @@ def _add_barrier(sub: Any) -> None:
         "--modes",
         dest="upload_timings",
         type=_csv,
-        default=["inline", "staged"],
+        default=["inline", "staged", "pinned"],
         metavar="LIST",
-        help="when the snapshot is uploaded: inline,staged (default both; --modes is the old spelling)",
+        help="when the data plane is snapshotted and uploaded: inline,staged,pinned (default all; --modes too)",
     )
     p.add_argument("--saves", type=int, default=3, metavar="N", help="saves per point (default 3)")
     p.add_argument(
@@ -206,14 +208,16 @@ def run_barrier(args: argparse.Namespace) -> int:
         targets_table,
         write_json,
     )
+    from rlckpt.checkpoint.row_copy import start_ray_row_copier
+    from rlckpt.controller.connect import ConnectOnlyDataPlane
     from rlckpt.testing.tq import connect_client, reset_tq_state
 
     if args.replot:
         return _replot(args)
     _check_destinations(args)
-    bad = set(args.upload_timings) - {"inline", "staged"}
+    bad = set(args.upload_timings) - {"inline", "staged", "pinned"}
     if bad:
-        raise SystemExit(f"rlckpt bench barrier: unknown upload timings {sorted(bad)} (use inline, staged)")
+        raise SystemExit(f"rlckpt bench barrier: unknown upload timings {sorted(bad)} (use inline, staged, pinned)")
     config = BarrierConfig(
         sizes_mib=[1.0, 2.0] if args.quick else args.sizes,
         upload_timings=args.upload_timings,
@@ -248,7 +252,10 @@ def run_barrier(args: argparse.Namespace) -> int:
             rgw_secret=args.rgw_secret,
         ) as dests,
     ):
-        points = run_sweep(config, dests.destinations, connect=connect_client, reset=reset_tq_state, on_point=show)
+        copier = start_ray_row_copier(ConnectOnlyDataPlane()) if "pinned" in config.upload_timings else None
+        points = run_sweep(
+            config, dests.destinations, connect=connect_client, reset=reset_tq_state, on_point=show, row_copier=copier
+        )
     out = Path(args.out_dir)
     document = result_document(points, config, meta)
     write_json(out / "barrier_stall.json", document)
