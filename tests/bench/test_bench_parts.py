@@ -93,7 +93,8 @@ def test_bad_bench_command_lines_exit_with_usage_error(argv, capsys):
 
 def test_bench_barrier_parses_sizes_and_destinations():
     args = build_parser().parse_args(["bench", "barrier", "--sizes", "16,64", "--destinations", "local"])
-    assert args.sizes == [16.0, 64.0] and args.destinations == ["local"] and args.upload_timings == ["inline", "staged", "pinned"]
+    assert args.sizes == [16.0, 64.0] and args.destinations == ["local"]
+    assert args.upload_timings == ["inline", "staged", "pinned"]
 
 
 def test_results_json_reads_back_into_the_same_points_for_replotting():
