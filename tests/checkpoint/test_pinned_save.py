@@ -101,6 +101,15 @@ async def restored_rows(url, options, step) -> tuple[InMemoryStore, dict]:
     return fresh, run.replay_state
 
 
+async def until(predicate, rounds: int = 10_000) -> None:
+    """Let the event loop run until `predicate` holds (a state, not a time, decides)."""
+    for _ in range(rounds):
+        if predicate():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the state never came")
+
+
 def as_plain(plane: InMemoryStore) -> dict[str, dict[str, list]]:
     return {k: {f: t.tolist() for f, t in row.items()} for k, row in plane.rows.get(PARTITION, {}).items()}
 
@@ -115,6 +124,7 @@ def test_pinned_bundle_holds_exactly_the_captured_rows_while_the_plane_moves_on(
         save = asyncio.create_task(save_bundle(parts_for(url, options, replay, copier), 2, upload_timing="pinned"))
         await copier.reached.wait()
         first, last = replay.groups()[0].group_id, replay.groups()[-1].group_id
+        await until(lambda: first not in replay.pinned)  # the first file is written (copies overlap)
         late = replay.reserve(weight_version=1)
         await replay.commit(late, rows(99), start_weight=1, end_weight=1)  # committed after the capture
         await replay.write_fields(last, {"advantages": torch.zeros(GROUP, 1)})  # a new column on a pinned group

@@ -49,6 +49,7 @@ logger = logging.getLogger(__name__)
 # pinned: only the index is captured in the window; the captured rows are copied after it, pinned.
 UploadTiming = Literal["staged", "inline", "pinned"]
 ROWS_PER_FILE = 32  # a pinned copy reads this many rows per request (measured sweet spot: docs/benchmarks.md)
+COPY_DEPTH = 2  # batches of a pinned copy in flight at once
 # Awaited with the step after every piece is written, just before COMMIT (crash tests hold a save there).
 SaveHook = Callable[[int], Awaitable[None]]
 
@@ -243,16 +244,34 @@ async def _pinned_data_plane(parts: SaveParticipants, txn: BundleTransaction, st
 
 async def _copy_pinned_rows(replay: ReplayBuffer, copier: RowCopier, captured: IndexCapture) -> list[str]:
     """One rows file per batch of captured groups (groups with the same columns, about ROWS_PER_FILE
-    rows); each batch is unpinned once its file is written. Returns the files, bundle-relative to
-    ``data_plane/``."""
+    rows), COPY_DEPTH batches in flight (one is read while the one before is written); each batch
+    is unpinned once its file is written. Returns the files, relative to ``data_plane/``."""
     files: list[str] = []
-    for batch in _batches(captured.committed):
-        name = f"rows-{len(files):06d}.bin"
-        keys = [s for g in batch for s in g.sample_ids]
-        await copier.copy(replay.partition_id, keys, batch[0].fields, f"{layout.DATA_PLANE_DIR}/{name}")
-        files.append(name)
-        await replay.unpin(g.group_id for g in batch)
+    in_flight: list[tuple[asyncio.Future[int], list[GroupRecord]]] = []
+    try:
+        for batch in _batches(captured.committed):
+            name = f"rows-{len(files):06d}.bin"
+            keys = [s for g in batch for s in g.sample_ids]
+            copy = copier.copy(replay.partition_id, keys, batch[0].fields, f"{layout.DATA_PLANE_DIR}/{name}")
+            in_flight.append((asyncio.ensure_future(copy), batch))
+            files.append(name)
+            if len(in_flight) >= COPY_DEPTH:
+                await _finish_oldest(replay, in_flight)
+        while in_flight:
+            await _finish_oldest(replay, in_flight)
+    except BaseException:
+        for future, _batch in in_flight:
+            future.cancel()
+        await asyncio.gather(*(future for future, _batch in in_flight), return_exceptions=True)
+        raise
     return files
+
+
+async def _finish_oldest(replay: ReplayBuffer, in_flight: list[tuple[asyncio.Future[int], list[GroupRecord]]]) -> None:
+    future, batch = in_flight[0]
+    await future
+    in_flight.pop(0)
+    await replay.unpin(g.group_id for g in batch)
 
 
 def _batches(groups: list[GroupRecord]) -> list[list[GroupRecord]]:
