@@ -45,13 +45,16 @@ class HeldCopier(RowCopyWorker):
         self.batches = 0
         self.reached = asyncio.Event()
         self.go = asyncio.Event()
+        self.first_done = asyncio.Event()
 
     async def copy(self, partition_id, keys, fields, relpath):
         if self.batches == self.hold_at:
             self.reached.set()
             await self.go.wait()
         self.batches += 1
-        return await super().copy(partition_id, keys, fields, relpath)
+        size = await super().copy(partition_id, keys, fields, relpath)
+        self.first_done.set()
+        return size
 
 
 class Policy:
@@ -101,8 +104,8 @@ async def restored_rows(url, options, step) -> tuple[InMemoryStore, dict]:
     return fresh, run.replay_state
 
 
-async def until(predicate, rounds: int = 10_000) -> None:
-    """Let the event loop run until `predicate` holds (a state, not a time, decides)."""
+async def until(predicate, rounds: int = 1000) -> None:
+    """Let the event loop run (no I/O pending) until `predicate` holds: a state, not a time, decides."""
     for _ in range(rounds):
         if predicate():
             return
@@ -124,7 +127,8 @@ def test_pinned_bundle_holds_exactly_the_captured_rows_while_the_plane_moves_on(
         save = asyncio.create_task(save_bundle(parts_for(url, options, replay, copier), 2, upload_timing="pinned"))
         await copier.reached.wait()
         first, last = replay.groups()[0].group_id, replay.groups()[-1].group_id
-        await until(lambda: first not in replay.pinned)  # the first file is written (copies overlap)
+        await copier.first_done.wait()  # the first file is written (copies overlap) ...
+        await until(lambda: first not in replay.pinned)  # ... and its groups unpinned
         late = replay.reserve(weight_version=1)
         await replay.commit(late, rows(99), start_weight=1, end_weight=1)  # committed after the capture
         await replay.write_fields(last, {"advantages": torch.zeros(GROUP, 1)})  # a new column on a pinned group

@@ -214,9 +214,10 @@ async def _pinned_data_plane(parts: SaveParticipants, txn: BundleTransaction, st
     replay, copier = parts.replay, parts.row_copier
     if copier is None:
         raise CheckpointError(f"step {step}: a pinned save needs a row copier (SaveParticipants.row_copier)")
-    window_started = time.perf_counter()
-    captured = await replay.pin_capture()
-    loader_state = parts.capture_loader_state()  # the same synchronous step as the capture
+    await replay.settle_removals()
+    window_started = time.perf_counter()  # the window: one synchronous step, nothing awaited
+    captured = replay.pin_capture()
+    loader_state = parts.capture_loader_state()
     window_s = time.perf_counter() - window_started
     t = time.perf_counter()
     try:

@@ -288,17 +288,22 @@ class ReplayBuffer:
         """
         return IndexCapture(self.partition_id, self.group_size, self._next_seq, tuple(self._groups.values()))
 
-    async def pin_capture(self) -> IndexCapture:
-        """Capture the index and pin its committed groups (see pins.py), without waiting on the data plane.
+    async def settle_removals(self) -> None:
+        """Return once no removal of a committed group is in flight (a pinned capture needs that: the
+        rows of a group being removed may be half cleared)."""
+        while self._removing:
+            await self._wait_for_change()
 
-        The capture is one synchronous step of the event loop; it only waits for removals already in
-        flight (their rows may be half cleared). A commit in flight is not captured: its group is
-        reserved in the capture, and a resumed run generates it again.
+    def pin_capture(self) -> IndexCapture:
+        """Capture the index and pin its committed groups (see pins.py): one synchronous step of the
+        event loop, nothing awaited. Call it right after ``settle_removals()`` with no await between.
+        A commit in flight is not captured: its group is reserved in the capture, and a resumed run
+        generates it again.
         """
         if self._pins is not None:
             raise ReplayError(f"replay buffer (partition {self.partition_id!r}): a pinned capture is still copying")
-        while self._removing:
-            await self._wait_for_change()
+        if self._removing:
+            raise ReplayError(f"replay buffer (partition {self.partition_id!r}): a removal is in flight")
         capture = self.capture_index()
         self._pins = Pins.of(g.group_id for g in capture.committed)
         return capture
