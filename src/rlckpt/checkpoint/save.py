@@ -230,7 +230,7 @@ async def _pinned_data_plane(parts: SaveParticipants, txn: BundleTransaction, st
                 finally:
                     stored = await listing
             replay.check_no_strays(stored, captured, raced)  # a mismatch aborts the save
-            index, dp_metadata = _pinned_metadata(captured, step, parts.rollout_order)
+            index, dp_metadata = _index_metadata(captured, step, parts.rollout_order)
             receipt = await copier.seal()
         except BaseException:
             await copier.abort()
@@ -287,7 +287,8 @@ def _batches(groups: list[GroupRecord]) -> list[list[GroupRecord]]:
     return out
 
 
-def _pinned_metadata(captured: IndexCapture, step: int, rollout_order: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def _index_metadata(captured: IndexCapture, step: int, rollout_order: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The captured index serialized and digested, and the data-plane metadata that names its digest."""
     index = captured.state_dict()
     dp_metadata = {
         layout.META_INDEX_DIGEST: index["digest"],
@@ -313,14 +314,7 @@ def _finish_snapshot(
     captured: IndexCapture, snapshot_dir: Path, step: int, rollout_order: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Serialize and digest the captured index, and tie the staged snapshot to it by that digest."""
-    index = captured.state_dict()
-    dp_metadata = {
-        layout.META_INDEX_DIGEST: index["digest"],
-        layout.META_GROUP_COUNT: len(index["groups"]),
-        layout.META_ROLLOUT_ORDER: rollout_order,
-        "step": step,
-        "partition_id": index["partition_id"],
-    }
+    index, dp_metadata = _index_metadata(captured, step, rollout_order)
     update_snapshot_metadata(snapshot_dir, dp_metadata)
     return index, dp_metadata
 

@@ -151,15 +151,11 @@ class InMemoryDataPlane(DataPlaneClient):
                 f"restore from {local_dir} refused: the data plane already holds partitions "
                 f"{sorted(self.store.rows)[:10]} (another client wrote before the restore)"
             )
-        try:
+        with self._guard.loading(str(local_dir)):
             meta = json.loads((local_dir / SNAPSHOT_METADATA_FILE).read_text())
             state = torch.load(local_dir / _ROWS_FILE, weights_only=True)
-        except Exception as exc:
-            self._guard.mark_failed()
-            raise RestoreRefusedError(f"restore from {local_dir} failed: {type(exc).__name__}: {exc}") from exc
-        self.store.rows = state["rows"]
-        self.store.tags = state["tags"]
-        self._guard.mark_loaded()
+            self.store.rows = state["rows"]
+            self.store.tags = state["tags"]
         return dict(meta.get("user_metadata", {}))
 
     async def close(self) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
+from collections.abc import Iterator
 
 from rlckpt.errors import RestoreRefusedError
 
@@ -50,3 +52,20 @@ class RestoreGuard:
     def mark_failed(self) -> None:
         """Record a failed load: no further load is allowed through this client."""
         self._load = _LoadState.FAILED
+
+    @contextlib.contextmanager
+    def loading(self, where: str) -> Iterator[None]:
+        """Around one restore: refused unless this client may still load; a failure marks the client
+        failed (any Exception becomes RestoreRefusedError naming `where`), success marks it loaded."""
+        self.check_may_load(where)
+        try:
+            yield
+        except RestoreRefusedError:
+            self.mark_failed()
+            raise
+        except BaseException as exc:
+            self.mark_failed()
+            if isinstance(exc, Exception):
+                raise RestoreRefusedError(f"restore from {where}: load failed: {type(exc).__name__}: {exc}") from exc
+            raise
+        self.mark_loaded()

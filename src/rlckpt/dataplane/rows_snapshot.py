@@ -149,11 +149,12 @@ async def restore_snapshot(client: DataPlaneClient, local_dir: str | Path) -> di
 
 async def _load_rows(client: DataPlaneClient, local_dir: Path) -> dict[str, Any]:
     """Put every row of a rows snapshot back, under the same restore guards as load_checkpoint."""
-    where = f"restore from {local_dir}"
     client.restore_guard.check_may_load(str(local_dir))
     if not await client.is_empty():
-        raise RestoreRefusedError(f"{where} refused: the data plane already holds data (another client wrote first)")
-    try:
+        raise RestoreRefusedError(
+            f"restore from {local_dir} refused: the data plane already holds data (another client wrote first)"
+        )
+    with client.restore_guard.loading(str(local_dir)):
         document = json.loads((local_dir / SNAPSHOT_METADATA_FILE).read_text())
         section = document[ROWS_MARKER]
         if section.get("format") != ROWS_FORMAT:
@@ -167,11 +168,5 @@ async def _load_rows(client: DataPlaneClient, local_dir: Path) -> dict[str, Any]
                     partition, [keys[i] for i in run], {f: [c[i] for i in run] for f, c in rows.items()}
                 )
             restored += len(keys)
-    except BaseException as exc:
-        client.restore_guard.mark_failed()
-        if isinstance(exc, Exception):
-            raise RestoreRefusedError(f"{where}: load failed: {type(exc).__name__}: {exc}") from exc
-        raise
-    client.restore_guard.mark_loaded()
     logger.info("restored %d rows into partition %s from %s", restored, partition, local_dir)
     return dict(document.get("user_metadata", {}))

@@ -256,15 +256,9 @@ class TransferQueueClient(DataPlaneClient):
                 f"restore from {local_dir} refused: TransferQueue already holds partitions (rows) {counts}; "
                 "some client wrote before the restore"
             )
-        try:
+        with self._guard.loading(str(local_dir)):
             meta = json.loads((local_dir / SNAPSHOT_METADATA_FILE).read_text())
             await run_blocking(tq.load_checkpoint, local_dir)
-        except BaseException as exc:
-            self._guard.mark_failed()
-            if isinstance(exc, Exception):
-                raise RestoreRefusedError(f"{where}: load failed: {type(exc).__name__}: {exc}") from exc
-            raise
-        self._guard.mark_loaded()
         logger.info("TransferQueue restored from %s", local_dir)
         return dict(meta.get("user_metadata", {}))
 
