@@ -2,9 +2,10 @@
 
 A bundle's `policy/` must stay loadable by plain `dcp.load(..., storage_reader=FileSystemReader(dir))`
 (a user can leave rlckpt without converting), so shard names (`__{rank}_{n}.distcp`), the per-item
-serialization (`torch.save` of each tensor, raw bytes for BYTE_IO items, appended to one file), the
+serialization (`torch.save` of each tensor, raw bytes for BYTE_IO items, appended to a file), the
 `_StorageInfo(relative_path, offset, length)` records and the pickled `.metadata` are exactly what
-DCP's FileSystemWriter produces: the code below calls DCP's own helpers to produce them.
+DCP's FileSystemWriter produces: the code below calls DCP's own helpers to produce them. One choice
+differs, and no reader depends on it: which items share a file (see SMALL_ITEM_BYTES).
 
 Those helpers are private to torch. This module is the only place rlckpt touches them (each use is
 marked), so a torch upgrade that moves one breaks here, and the format test (tests/dcp) says so.
@@ -24,19 +25,20 @@ from torch.distributed.checkpoint.filesystem import (  # private DCP format help
     CURRENT_DCP_VERSION,
     DEFAULT_SUFFIX,
     SerializationFormat,
+    _item_size,
     _metadata_fn,
     _split_by_size_and_type,
     _StorageWriterTransforms,
     _write_files_from_queue,
 )
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import SavePlanner, WriteItem
+from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
 METADATA_NAME: str = _metadata_fn  # ".metadata"
 DEFAULT_PREFIX = "policy"  # where a bundle keeps the policy checkpoint (docs/architecture.md)
 
-__all__ = ["DEFAULT_PREFIX", "METADATA_NAME", "metadata_bytes", "shard_name", "write_shards"]
+__all__ = ["DEFAULT_MAX_SHARD_BYTES", "DEFAULT_PREFIX", "METADATA_NAME", "metadata_bytes", "shard_name", "shard_plan", "write_shards"]
 
 
 def shard_name(rank_prefix: str, n: int) -> str:
@@ -45,31 +47,53 @@ def shard_name(rank_prefix: str, n: int) -> str:
 
 
 class _CountingStream(io.RawIOBase):
-    """What DCP's `_write_item` writes into: it asks `tell()` for each item's offset, which a stream that
-    goes straight to storage (the participant's hashing writer) cannot answer by seeking. Counting the
-    bytes written answers it; nothing is buffered or read back, so the digest is streamed once."""
+    """What DCP's `_write_item` writes into. It asks `tell()` for each item's offset, which a stream going
+    straight to storage (the participant's hashing writer) cannot answer by seeking: counting the bytes
+    answers it, and nothing is read back, so the digest is computed once, while streaming.
+
+    torch.save writes a tensor as a dozen small pieces (zip headers, pickle) and one big one (the data);
+    each write into the store costs a digest update and a guarded storage call, so small pieces are
+    gathered into one buffer of up to COALESCE_BYTES and big ones pass straight through."""
+
+    COALESCE_BYTES = 1 << 20
 
     def __init__(self, inner: BinaryIO) -> None:
         super().__init__()
         self._inner = inner
         self._pos = 0
+        self._pending = bytearray()
 
     def writable(self) -> bool:
         return True
 
     def write(self, data: Any) -> int:
-        n = self._inner.write(data)
+        view = memoryview(data).cast("B")
+        n = len(view)
+        if len(self._pending) + n <= self.COALESCE_BYTES:
+            self._pending += view
+        else:
+            self._drain()
+            if n < self.COALESCE_BYTES:
+                self._pending += view
+            else:
+                self._inner.write(view)
         self._pos += n
         return n
+
+    def _drain(self) -> None:
+        if self._pending:
+            self._inner.write(self._pending)
+            self._pending = bytearray()
 
     def tell(self) -> int:
         return self._pos
 
-    def flush(self) -> None:  # DCP's NoCloseWriter flushes after every item; the inner stream has no buffer
-        pass
+    def flush(self) -> None:
+        """DCP's NoCloseWriter flushes after every item; the buffer is written out on close."""
 
     def close(self) -> None:
         if not self.closed:
+            self._drain()
             super().close()
             self._inner.close()  # a clean close keeps the file (sha256 and size recorded)
 
@@ -77,27 +101,62 @@ class _CountingStream(io.RawIOBase):
 OpenShard = Callable[[str], BinaryIO]
 
 
+# Items up to this size (and every bytes item) go to a rank's last, small shard file. DCP writes each
+# replicated item (AdamW's `step` counters, `param_groups`) once, into some rank's files, and every rank
+# needs it on load; a reader must fetch and digest a whole file before it may use a byte of it, so a
+# rank should not have to fetch another rank's whole shard for a few hundred bytes.
+SMALL_ITEM_BYTES = 64 << 10
+
+# A shard file holds items up to about this many bytes (an item that is larger gets a file of its own).
+# A reader fetches and digest-checks each file whole before torch reads it, so smaller files let the next
+# file's fetch and digest overlap loading the current one, and keep the reader's spool to a few files
+# rather than a rank's whole share. Below 16 MiB, the store's S3 write block, a file also goes out as
+# one PUT rather than a multipart upload (three requests more; on moto about twice the time per byte).
+DEFAULT_MAX_SHARD_BYTES = 15 << 20
+
+
+def shard_plan(
+    rank_prefix: str, items: list[WriteItem], thread_count: int = 1, max_shard_bytes: int | None = DEFAULT_MAX_SHARD_BYTES
+) -> list[tuple[str, list[WriteItem]]]:
+    """How one rank's items go into files, named as DCP names them (`__{rank}_{n}.distcp`).
+
+    The tensors above SMALL_ITEM_BYTES are split as DCP's FileSystemWriter splits them (by size over
+    `thread_count` files), into more files if needed so that none holds more than `max_shard_bytes`
+    (None: no limit, DCP's own split); then the small items get a file of their own. No empty files.
+    """
+
+    def small(wi: WriteItem) -> bool:
+        return wi.type == WriteItemType.BYTE_IO or _item_size(wi) <= SMALL_ITEM_BYTES  # private DCP helper
+
+    bulk = [wi for wi in items if not small(wi)]
+    bins = thread_count
+    if max_shard_bytes and bulk:
+        bins = max(bins, -(-sum(_item_size(wi) for wi in bulk) // max_shard_bytes))
+    buckets = [b for b in _split_by_size_and_type(bins, bulk) if b] if bulk else []  # private DCP helper
+    if any(small(wi) for wi in items):
+        buckets.append([wi for wi in items if small(wi)])
+    return [(shard_name(rank_prefix, n), bucket) for n, bucket in enumerate(buckets)]
+
+
 def write_shards(
     open_shard: OpenShard,
-    rank_prefix: str,
-    items: list[WriteItem],
+    files: list[tuple[str, list[WriteItem]]],
     planner: SavePlanner,
     thread_count: int = 1,
     per_thread_copy_ahead: int = 10_000_000,
-) -> tuple[list[str], list[WriteResult]]:
-    """Write one rank's planned items into shard files opened by `open_shard(name)`, as DCP's
-    FileSystemWriter does (single file per rank, or `thread_count` files split by size and type).
+) -> list[WriteResult]:
+    """Write `files` (from shard_plan) through streams opened by `open_shard(name)`, item by item as
+    DCP's FileSystemWriter does, in up to `thread_count` threads.
 
     `open_shard` returns a writable stream whose clean close keeps the file and whose `discard()`
     drops it. Unlike DCP's writer, a failure in any writing thread is raised here (DCP's own threads
     lose it); the files already closed are the caller's to remove.
 
     Returns:
-        The shard names written and DCP's WriteResults (storage_data: `_StorageInfo(name, offset, length)`).
+        DCP's WriteResults (storage_data: `_StorageInfo(name, offset, length)`).
     """
-    names = [shard_name(rank_prefix, n) for n in range(thread_count)]
     file_queue: queue.Queue[tuple[str, str, list[WriteItem]]] = queue.Queue()
-    for name, bucket in zip(names, _split_by_size_and_type(thread_count, items), strict=True):
+    for name, bucket in files:
         file_queue.put((name, name, bucket))  # (path for create_stream, storage key = name relative to the prefix)
     result_queue: queue.Queue[list[WriteResult]] = queue.Queue()
     failures: list[BaseException] = []
@@ -129,7 +188,8 @@ def write_shards(
                 while True:
                     file_queue.get_nowait()
 
-    threads = [threading.Thread(target=worker, name=f"rlckpt-dcp-write-{i}", daemon=True) for i in range(1, thread_count)]
+    workers = min(thread_count, len(files))
+    threads = [threading.Thread(target=worker, name=f"rlckpt-dcp-write-{i}", daemon=True) for i in range(1, workers)]
     for thread in threads:
         thread.start()
     worker()
@@ -140,7 +200,7 @@ def write_shards(
     results: list[WriteResult] = []
     while not result_queue.empty():
         results.extend(result_queue.get_nowait())
-    return names, results
+    return results
 
 
 def metadata_bytes(metadata: Metadata, results: Sequence[WriteResult], storage_meta: StorageMeta | None) -> bytes:

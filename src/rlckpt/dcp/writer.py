@@ -33,7 +33,7 @@ from rlckpt.errors import ShardedCheckpointError
 from rlckpt.store import BundleStore, BundleTransaction, Manifest, ParticipantWriter, Receipt, TransactionHandle
 from rlckpt.store.paths import join_relpath, step_dirname, validate_step
 
-from ._format import DEFAULT_PREFIX, METADATA_NAME, metadata_bytes, write_shards
+from ._format import DEFAULT_MAX_SHARD_BYTES, DEFAULT_PREFIX, METADATA_NAME, metadata_bytes, shard_plan, write_shards
 from ._plan import RankPlan, receipt_result, split_receipts
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
         storage_options: dict[str, Any] | None = None,
         metadata: dict[str, Any] | None = None,
         thread_count: int = 1,
+        max_shard_bytes: int | None = DEFAULT_MAX_SHARD_BYTES,
         per_thread_copy_ahead: int = 10_000_000,
         cache_staged_state_dict: bool = False,
     ) -> None:
@@ -95,6 +96,8 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
             storage_options: fsspec options for a URL target (ignored for a handle, which carries its own).
             metadata: standalone: JSON-able user metadata for the manifest (kept beside a "dcp" entry).
             thread_count: shard files per rank written in parallel, as FileSystemWriter's thread_count.
+            max_shard_bytes: a shard file holds about this many bytes of tensors at most (a bigger tensor
+                gets a file of its own); None: DCP's own split (one file per writing thread).
             per_thread_copy_ahead, cache_staged_state_dict: as DCP's FileSystemWriter.
         Raises:
             ShardedCheckpointError: a missing or contradictory argument.
@@ -107,6 +110,7 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
             raise ShardedCheckpointError(f"thread_count must be >= 1, got {thread_count}")
         self.prefix = prefix.strip("/")
         self.thread_count = thread_count
+        self.max_shard_bytes = max_shard_bytes
         self.per_thread_copy_ahead = per_thread_copy_ahead
         self.user_metadata = dict(metadata or {})
         self._handle: TransactionHandle | None = None
@@ -272,9 +276,10 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
             )
         try:
             part = self._join_for_write(rank_plan)
-            _names, results = write_shards(
+            results = write_shards(
                 lambda name: part.open(join_relpath(self.prefix, name)),
-                rank_plan.prefix, plan.items, planner, self.thread_count, self.per_thread_copy_ahead,
+                shard_plan(rank_plan.prefix, plan.items, self.thread_count, self.max_shard_bytes),
+                planner, self.thread_count, self.per_thread_copy_ahead,
             )
             if not self.joined:
                 results.append(receipt_result(self._seal()))
