@@ -3,8 +3,8 @@
 It is DCP's own FileSystemReader (same slicing, transforms, `torch.load(weights_only=True)` per item,
 so resharding is DCP's) with its filesystem replaced by the bundle: every byte torch sees was checked
 against the manifest first. `.metadata` is read digest-checked once, when the reader is made, and only
-then unpickled; each shard file a rank needs is fetched once (`Bundle.open`: spooled to a temp file
-when large, digest-checked before it is returned) and sliced by the offset/length DCP recorded.
+then unpickled; each shard file a rank needs is fetched once, digest-checked, and sliced by the
+offset/length DCP recorded. Files are fetched a few ahead of the read loop (see _Prefetch).
 """
 
 from __future__ import annotations
@@ -13,44 +13,123 @@ import contextlib
 import io
 import os
 import pickle
+import shutil
+import tempfile
+import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import LoadPlan
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 
 from rlckpt.errors import CorruptBundleError, ShardedCheckpointError, UncommittedBundleError
 from rlckpt.store import Bundle, BundleStore
-from rlckpt.store.paths import join_relpath
+from rlckpt.store.paths import join_relpath, validate_relpath
 
 from ._format import DEFAULT_PREFIX, METADATA_NAME
 from ._plan import BundleRef
 
 
-class _BundleFiles(FileSystemBase):
-    """The read side of DCP's FileSystemBase over one committed bundle; paths are bundle relpaths."""
+# A shard file up to this size is fetched into memory (one read, digest-checked, no disk copy); a
+# larger one is copied to the spool dir and checked there. rlckpt's writer keeps its files far below it
+# (DEFAULT_MAX_SHARD_BYTES); files of another writer may be of any size.
+IN_MEMORY_MAX = 64 << 20
 
-    def __init__(self, bundle: Bundle, metadata_relpath: str) -> None:
+
+class _Prefetch:
+    """The shard files one rank's load plan needs, in the order DCP's read loop will want them, fetched
+    ahead by `workers` threads and at most `workers` + 1 files ahead of the loop (memory and spool stay
+    bounded). Every fetch is digest-checked before its bytes are handed out: `Bundle.read_bytes` for a
+    file up to IN_MEMORY_MAX, else `Bundle.get_file` into a private spool dir. Fetching and hashing the
+    next files (on other cores) overlaps torch loading the current one."""
+
+    def __init__(self, bundle: Bundle, relpaths: list[str], workers: int, spool_dir: str | None) -> None:
         self.bundle = bundle
-        self.metadata_relpath = metadata_relpath
+        self.spool_dir = spool_dir
+        self._dir: str | None = None
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(relpaths) or 1)), thread_name_prefix="rlckpt-dcp-fetch")
+        self._order = list(relpaths)
+        self._window = max(1, workers) + 1
+        self._next = 0
+        self._futures: dict[str, Future[io.IOBase]] = {}
+        self._lock = threading.Lock()
+        self._ahead()
+
+    def _ahead(self) -> None:
+        with self._lock:
+            while self._next < len(self._order) and len(self._futures) < self._window:
+                rel = self._order[self._next]
+                self._next += 1
+                if rel not in self._futures:
+                    self._futures[rel] = self._pool.submit(self._fetch, rel)
+
+    def _fetch(self, relpath: str) -> io.IOBase:
+        try:
+            entry = self.bundle.manifest.files[relpath]
+        except KeyError:
+            raise CorruptBundleError(
+                f"step {self.bundle.step} at {self.bundle.url}: its DCP metadata names {relpath}, which the bundle does not hold"
+            ) from None
+        if entry.logical_size <= IN_MEMORY_MAX:
+            return io.BytesIO(self.bundle.read_bytes(relpath))
+        with self._lock:
+            if self._dir is None:
+                self._dir = tempfile.mkdtemp(prefix="rlckpt-dcp-load-", dir=self.spool_dir)
+        local = os.path.join(self._dir, *relpath.split("/"))  # relpath is a manifest entry: a safe relative path
+        self.bundle.get_file(relpath, local)
+        stream = open(local, "rb")  # noqa: SIM115 - handed to the read loop, closed there
+        os.remove(local)  # the open stream keeps the checked copy until it is closed
+        return stream
+
+    def take(self, relpath: str) -> io.IOBase:
+        """The checked contents of `relpath` as a readable, seekable stream (waits for its fetch)."""
+        with self._lock:
+            future = self._futures.get(relpath)
+            if future is None:  # not in the plan's order (DCP asked for another file): fetch it now
+                future = self._futures[relpath] = self._pool.submit(self._fetch, relpath)
+        try:
+            return future.result()
+        finally:
+            with self._lock:
+                self._futures.pop(relpath, None)
+            self._ahead()
+
+    def close(self) -> None:
+        with self._lock:
+            pending = list(self._futures.values())
+            self._futures.clear()
+            self._next = len(self._order)
+        for future in pending:
+            future.cancel()
+        self._pool.shutdown(wait=True)
+        for future in pending:  # fetched but never read: close what was opened
+            if future.done() and not future.cancelled() and future.exception() is None:
+                future.result().close()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class _BundleFiles(FileSystemBase):
+    """The read side of DCP's FileSystemBase over one committed bundle; paths are bundle relpaths, and
+    every stream it opens is a digest-checked local copy (from the load's _Prefetch)."""
+
+    def __init__(self, bundle: Bundle) -> None:
+        self.bundle = bundle
+        self.prefetch: _Prefetch | None = None
 
     @contextlib.contextmanager
     def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
         if mode != "rb":
             raise ShardedCheckpointError(f"step {self.bundle.step} at {self.bundle.url} is committed and read-only (mode {mode!r})")
-        relpath = os.fspath(path)
-        try:
-            stream = self.bundle.open(relpath)  # fetched whole and digest-checked before it is returned
-        except FileNotFoundError:
-            raise CorruptBundleError(
-                f"step {self.bundle.step} at {self.bundle.url}: {self.metadata_relpath} names {relpath}, which the bundle does not hold"
-            ) from None
-        with stream:
-            yield stream  # type: ignore[misc]
+        if self.prefetch is None:
+            raise ShardedCheckpointError("shard files are read only inside BundleStorageReader.read_data")
+        with self.prefetch.take(os.fspath(path)) as stream:
+            yield stream
 
     def concat_path(self, path: str | os.PathLike[str], suffix: str) -> str:
-        return join_relpath(os.fspath(path), suffix)
+        return join_relpath(os.fspath(path), suffix) if os.fspath(path) else validate_relpath(suffix)
 
     def init_path(self, path: str | os.PathLike[str]) -> str:
         return os.fspath(path)
@@ -86,6 +165,8 @@ class BundleStorageReader(FileSystemReader):
         *,
         storage_options: dict[str, Any] | None = None,
         prefix: str = DEFAULT_PREFIX,
+        fetch_workers: int = 2,
+        spool_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         """Open the bundle and read its `.metadata` (digest-checked) now, once for this reader.
 
@@ -95,6 +176,9 @@ class BundleStorageReader(FileSystemReader):
             step: the step to read; None: the newest committed one.
             storage_options: fsspec options for a URL source.
             prefix: the checkpoint's directory inside the bundle ("" for the bundle root).
+            fetch_workers: shard files each rank fetches (and digest-checks) at once, ahead of loading.
+            spool_dir: where a load keeps checked copies of shard files above 64 MiB (smaller ones are
+                held in memory), a few at a time (default: the system temp dir).
         Raises:
             UncommittedBundleError: the step is not committed, or (step=None) no step is.
             CorruptBundleError: the bundle or its `.metadata` fails its digest check (names the file).
@@ -102,6 +186,8 @@ class BundleStorageReader(FileSystemReader):
             StoreUnavailableError: the store cannot be reached.
         """
         self.prefix = prefix.strip("/")
+        self.fetch_workers = fetch_workers
+        self.spool_dir = None if spool_dir is None else os.fspath(spool_dir)
         self._metadata_relpath = join_relpath(self.prefix, METADATA_NAME)
         self._store: BundleStore | None = None
         if isinstance(source, Bundle):
@@ -131,7 +217,7 @@ class BundleStorageReader(FileSystemReader):
                 f"(no {self._metadata_relpath}); files: {bundle.files_under(self.prefix)[:5]}"
             ) from None
         self.bundle = bundle
-        self.fs = _BundleFiles(bundle, self._metadata_relpath)
+        self.fs = _BundleFiles(bundle)
         self.path = self.prefix
 
     @property
@@ -183,3 +269,15 @@ class BundleStorageReader(FileSystemReader):
                 f"ranks opened different bundles ({seen}): a save committed while the load started; pass an explicit step"
             )
         return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Any:
+        """DCP's own read loop (FileSystemReader.read_data) over checked local copies of the shard files,
+        which are fetched ahead, a few at a time, in the order the loop will want them."""
+        needed = list(dict.fromkeys(self.fs.concat_path(self.path, self.storage_data[item.storage_index].relative_path) for item in plan.items))
+        prefetch = _Prefetch(self.bundle, needed, self.fetch_workers, self.spool_dir)
+        self.fs.prefetch = prefetch
+        try:
+            return super().read_data(plan, planner)
+        finally:
+            self.fs.prefetch = None
+            prefetch.close()
