@@ -13,6 +13,7 @@ import torch.distributed.checkpoint as dcp
 
 from rlckpt.dcp import BundleStorageReader, BundleStorageWriter
 from rlckpt.dcp import reader as reader_module
+from rlckpt.dcp._format import SMALL_ITEM_BYTES
 from rlckpt.errors import BundleExistsError, CorruptBundleError, ShardedCheckpointError
 from rlckpt.store import BundleStore
 from rlckpt.testing import dcp_scenarios as scenarios
@@ -22,7 +23,7 @@ from rlckpt.testing.store_checks import debris
 quiet_dcp_warnings()
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
-WIDTH, DEPTH = 64, 3
+WIDTH, DEPTH = 192, 3  # weights (144 KiB) above SMALL_ITEM_BYTES, biases below
 
 
 def trained_state(seed: int) -> dict:
@@ -71,25 +72,57 @@ def dcp_own_writer(url: str, options, **kwargs):
 # --- DCP's own format ------------------------------------------------------------------------------
 
 
+def item_bytes(read_file, metadata) -> dict:
+    """Each item's serialized bytes, from the files `metadata` points into."""
+    files: dict[str, bytes] = {}
+    out = {}
+    for index, info in metadata.storage_data.items():
+        data = files.setdefault(info.relative_path, read_file(info.relative_path))
+        out[index] = data[info.offset : info.offset + info.length]
+    return out
+
+
 @pytest.mark.parametrize("thread_count", [1, 2])
-def test_a_bundles_policy_dir_holds_the_files_dcps_own_writer_writes(store_location, thread_count):
+def test_every_item_is_stored_byte_for_byte_as_dcps_own_writer_stores_it(store_location, thread_count):
+    """DCP's format: same .metadata (but which file an item went to), same bytes for every item."""
     url, options = store_location
     state = trained_state(0)
-    own = f"{url}-dcp"
-    dcp.save(state, storage_writer=dcp_own_writer(own, options, thread_count=thread_count))
+    dcp.save(state, storage_writer=dcp_own_writer(f"{url}-dcp", options, thread_count=thread_count))
     dcp.save(state, storage_writer=BundleStorageWriter(url, step=1, storage_options=options, thread_count=thread_count))
-    store, theirs = BundleStore(url, options), BundleStore(own, options).fs
+    theirs = BundleStore(f"{url}-dcp", options)
+    bundle = BundleStore(url, options).open(1)
 
-    bundle = store.open(1)
-    shards = [f"__0_{n}.distcp" for n in range(thread_count)]
-    assert sorted(bundle.files_under("policy")) == sorted(["policy/.metadata"] + [f"policy/{s}" for s in shards])
-    for shard in shards:
-        assert bundle.read_bytes(f"policy/{shard}") == theirs.cat_file(f"{BundleStore(own, options).root}/{shard}")
-    ours = pickle.loads(bundle.read_bytes("policy/.metadata"))
-    reference = pickle.loads(theirs.cat_file(f"{BundleStore(own, options).root}/.metadata"))
-    assert ours.storage_data == reference.storage_data  # same items, files, offsets, lengths; no receipts
-    assert ours.state_dict_metadata == reference.state_dict_metadata
-    assert ours.version == reference.version
+    ours_md = pickle.loads(bundle.read_bytes("policy/.metadata"))
+    their_md = pickle.loads(theirs.fs.cat_file(f"{theirs.root}/.metadata"))
+    assert ours_md.state_dict_metadata == their_md.state_dict_metadata
+    assert ours_md.version == their_md.version
+    assert set(ours_md.storage_data) == set(their_md.storage_data)  # no receipts or other extras rode along
+    assert all(info.relative_path.startswith("__0_") and info.relative_path.endswith(".distcp") for info in ours_md.storage_data.values())
+    ours = item_bytes(lambda name: bundle.read_bytes(f"policy/{name}"), ours_md)
+    assert ours == item_bytes(lambda name: theirs.fs.cat_file(f"{theirs.root}/{name}"), their_md)
+
+
+def test_small_items_get_a_file_of_their_own(run):
+    """Replicated items (AdamW's step counters, param_groups) are small; every rank reads them, so they
+    must not sit in a file with a rank's big shards, which the reader would have to fetch whole."""
+    store, _url, _options = run
+    metadata = pickle.loads(store.open(1).read_bytes("policy/.metadata"))
+    small = SMALL_ITEM_BYTES
+    files: dict[str, list[int]] = {}
+    for info in metadata.storage_data.values():
+        files.setdefault(info.relative_path, []).append(info.length)
+    holding_small = {name for name, lengths in files.items() if min(lengths) < small}
+    assert len(files) == 2 and len(holding_small) == 1
+    assert max(files[holding_small.pop()]) < small + 4096  # an item's torch.save framing is ~1-2 KiB
+
+
+def test_max_shard_bytes_caps_the_size_of_shard_files(store_location):
+    url, options = store_location
+    dcp.save(trained_state(0), storage_writer=BundleStorageWriter(url, step=1, storage_options=options, max_shard_bytes=200_000))
+    bundle = BundleStore(url, options).open(1)
+    sizes = [bundle.manifest.files[rel].size for rel in bundle.files_under("policy") if rel.endswith(".distcp")]
+    assert len(sizes) >= 4 and max(sizes) < 200_000 + 150_000  # one 144 KiB weight (+ framing) may top a file up
+    assert bitwise_equal(load(BundleStorageReader(url, step=1, storage_options=options)), flat_tensors(trained_state(0))) == []
 
 
 def test_a_bundles_policy_dir_loads_with_dcps_own_reader(run):

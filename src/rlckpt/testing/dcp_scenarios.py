@@ -41,7 +41,7 @@ from rlckpt.testing.dcp_ranks import (
 )
 from rlckpt.testing.store_checks import stored_path
 
-WIDTH, DEPTH = 64, 4
+WIDTH, DEPTH = 256, 4  # weights above SMALL_ITEM_BYTES per rank, so each rank writes bulk and small files
 DEAD_RANK_EXIT = 17
 
 
@@ -68,8 +68,8 @@ def _rank() -> int:
 
 class FailingPlanner(DefaultSavePlanner):
     """DCP's default planner, except on `rank`: `before_write` raises in finish_plan (the rank never reaches
-    its storage writer), `second_file` raises while the rank writes its last shard file (its other files
-    are complete by then), `exit` kills the rank (os._exit) while it writes its last shard file."""
+    its storage writer), `second_file` raises while the rank writes its last shard file (one of its
+    other files is complete by then), `exit` kills the rank (os._exit) while it writes its last shard file."""
 
     def __init__(self, rank: int, how: str, thread_count: int = 1) -> None:
         super().__init__()
@@ -81,9 +81,9 @@ class FailingPlanner(DefaultSavePlanner):
         if _rank() == self.rank:
             if self.how == "before_write":
                 raise InjectedFault(f"rank {self.rank} fails before writing")
-            from torch.distributed.checkpoint.filesystem import _split_by_size_and_type  # how the writer splits files
+            from rlckpt.dcp._format import shard_plan  # how the writer puts items into files
 
-            self._doomed = {item.index for item in _split_by_size_and_type(self.thread_count, plan.items)[-1]}
+            self._doomed = {item.index for item in shard_plan("", plan.items, self.thread_count)[-1][1]}
         return plan
 
     def resolve_data(self, write_item: Any) -> Any:
