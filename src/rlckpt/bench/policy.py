@@ -45,6 +45,7 @@ class PolicyBenchConfig:
     ranks: list[int]
     repeats: int = 3
     verify: bool = True
+    thread_count: int = 1  # writer threads per rank, the same for both systems (DCP's default is 1)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,7 @@ class RankJob:
     sizes_mib: list[float]
     repeats: int
     verify: bool
+    thread_count: int
     out_path: str
 
 
@@ -114,14 +116,14 @@ class PointResult:
 # --- inside each spawned rank ------------------------------------------------------------------------
 
 
-def _dcp_writer(job: DestinationJob, path: str) -> Any:
+def _dcp_writer(job: DestinationJob, path: str, thread_count: int) -> Any:
     import torch.distributed.checkpoint as dcp
 
     if job.storage_options is None:
-        return dcp.FileSystemWriter(path)
+        return dcp.FileSystemWriter(path, thread_count=thread_count)
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter  # DCP's S3 writer (public, module named _)
 
-    return FsspecWriter(path, sync_files=False, **_shared_client(job.storage_options))
+    return FsspecWriter(path, sync_files=False, thread_count=thread_count, **_shared_client(job.storage_options))
 
 
 def _dcp_reader(job: DestinationJob, path: str) -> Any:
@@ -198,9 +200,9 @@ def _measure_destination(rank: int, world_size: int, mesh: Any, dest: Destinatio
 
     def save(system: str, state: Any, k: int) -> None:
         if system == "rlckpt":
-            dcp.save(state, storage_writer=BundleStorageWriter(store, step=k))
+            dcp.save(state, storage_writer=BundleStorageWriter(store, step=k, thread_count=job.thread_count))
         else:
-            dcp.save(state, storage_writer=_dcp_writer(dest, f"{dest.dcp_root}/ckpt_{k}"))
+            dcp.save(state, storage_writer=_dcp_writer(dest, f"{dest.dcp_root}/ckpt_{k}", job.thread_count))
 
     def load(system: str, state: Any, k: int) -> None:
         if system == "rlckpt":
@@ -274,7 +276,7 @@ def run_sweep(config: PolicyBenchConfig, destinations: list[Any], workdir: str,
         job = RankJob(
             destinations=[DestinationJob(d.name, d.run_url(f"policy-{ranks}r"), d.run_url(f"dcp-{ranks}r"), d.storage_options)
                           for d in destinations],
-            sizes_mib=list(config.sizes_mib), repeats=config.repeats, verify=config.verify,
+            sizes_mib=list(config.sizes_mib), repeats=config.repeats, verify=config.verify, thread_count=config.thread_count,
             out_path=os.path.join(workdir, f"policy-{ranks}r.json"),
         )
         run_ranks(rank_main, ranks, job, timeout=timeout)

@@ -135,6 +135,8 @@ def _add_policy(sub: Any) -> None:
     p.add_argument("--rgw-secret", default="testing", metavar="SECRET", help="secret key for --rgw-endpoint (default testing)")
     p.add_argument("--repeats", type=int, default=3, metavar="N", help="save+load repetitions of each system per point (default 3)")
     p.add_argument("--scratch-dir", default=None, metavar="DIR", help="where the local destination lives (default: system temp dir)")
+    p.add_argument("--thread-count", type=int, default=1, metavar="N",
+                   help="writer threads per rank, the same for both systems (DCP's FileSystemWriter default: 1)")
     p.add_argument("--no-verify", action="store_true", help="skip the bitwise check of every load")
     p.add_argument("--quick", action="store_true", help="tiny run for a smoke test: 2 MiB, 1 and 2 ranks, 1 repeat")
     p.add_argument("--out", default=f"{DEFAULT_OUT_DIR}/policy_bench.json", metavar="JSON",
@@ -313,7 +315,7 @@ def run_policy(args: argparse.Namespace) -> int:
             raise SystemExit("rlckpt bench policy: destination rgw needs --rgw-endpoint URL (scripts/rgw.sh start)")
         config = PolicyBenchConfig(
             sizes_mib=[2.0] if args.quick else args.sizes, ranks=[1, 2] if args.quick else args.ranks,
-            repeats=1 if args.quick else args.repeats, verify=not args.no_verify,
+            repeats=1 if args.quick else args.repeats, verify=not args.no_verify, thread_count=args.thread_count,
         )
         meta = run_metadata(_command_line())
         harness_names = [{"local": "local", "moto": "s3"}[n] for n in ("local", "moto") if n in names]
@@ -323,11 +325,18 @@ def run_policy(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             points = run_sweep(config, dests.destinations, tempfile.mkdtemp(prefix="rlckpt-policy-bench-", dir=dests.scratch))
         write_json(out, result_document(points, config, meta))
+    config_doc = json.loads(Path(args.replot).read_text())["config"] if args.replot else {"thread_count": args.thread_count, "repeats": args.repeats}
+    settings = (
+        f"Medians of {config_doc.get('repeats')} repeats; writer threads per rank: {config_doc.get('thread_count', 1)} for both. "
+        "rlckpt: standalone BundleStorageWriter/BundleStorageReader (fsync + sha256 of every file, commit). "
+        "DCP: FileSystemWriter (sync_files=True) / FileSystemReader on local disk, FsspecWriter (sync_files=False) / "
+        "FsspecReader on S3. Ratio = rlckpt / DCP (below 1: rlckpt faster); **bold** misses the target.\n\n"
+    )
     markdown = (
-        policy_table(points) + "\nTargets (rlckpt's median time over DCP's, every point):\n\n" + targets_summary(evaluate_targets(points))
+        settings + policy_table(points) + "\nTargets (rlckpt's median time over DCP's, every point):\n\n" + targets_summary(evaluate_targets(points))
     )
     out.with_suffix(".md").write_text(f"Command: `{meta['command']}` ({meta['date_utc']}, commit {meta.get('git_commit')}, "
-                                      f"load average {meta.get('load_average_1m', 0):.1f})\n\n" + markdown)
+                                      f"load average at start {meta.get('load_average_1m', 0):.1f})\n\n" + markdown)
     policy_plot(points, out.with_suffix(".png"))
     print(markdown)
     print(f"wrote {out}, {out.with_suffix('.md')}, {out.with_suffix('.png')}", file=sys.stderr)
