@@ -5,7 +5,7 @@ A bundle's `policy/` must stay loadable by plain `dcp.load(..., storage_reader=F
 serialization (`torch.save` of each tensor, raw bytes for BYTE_IO items, appended to a file), the
 `_StorageInfo(relative_path, offset, length)` records and the pickled `.metadata` are exactly what
 DCP's FileSystemWriter produces: the code below calls DCP's own helpers to produce them. One choice
-differs, and no reader depends on it: which items share a file (see SMALL_ITEM_BYTES).
+differs, and no reader depends on it: which items share a file (SMALL_ITEM_BYTES, DEFAULT_MAX_SHARD_BYTES).
 
 Those helpers are private to torch. This module is the only place rlckpt touches them (each use is
 marked), so a torch upgrade that moves one breaks here, and the format test (tests/dcp) says so.
