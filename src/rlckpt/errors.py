@@ -126,6 +126,12 @@ class RestoreOrderError(CheckpointError):
     """An object was built out of the asserted restore order."""
 
 
+class ShardedCheckpointError(CheckpointError):
+    """A DCP (torch.distributed.checkpoint) save or load through rlckpt.dcp cannot go on as asked: a
+    bundle without `.metadata` under the prefix, ranks that opened different bundles, a writer used
+    for a second save of its one transaction, an unsupported DCP mode. Names the step and the file."""
+
+
 # --- grpo ----------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,212 @@
+"""DCP's own on-disk format, borrowed from `torch.distributed.checkpoint.filesystem` rather than re-implemented.
+
+A bundle's `policy/` must stay loadable by plain `dcp.load(..., storage_reader=FileSystemReader(dir))`
+(a user can leave rlckpt without converting), so shard names (`__{rank}_{n}.distcp`), the per-item
+serialization (`torch.save` of each tensor, raw bytes for BYTE_IO items, appended to a file), the
+`_StorageInfo(relative_path, offset, length)` records and the pickled `.metadata` are exactly what
+DCP's FileSystemWriter produces: the code below calls DCP's own helpers to produce them. One choice
+differs, and no reader depends on it: which items share a file (SMALL_ITEM_BYTES, DEFAULT_MAX_SHARD_BYTES).
+
+Those helpers are private to torch. This module is the only place rlckpt touches them (each use is
+marked), so a torch upgrade that moves one breaks here, and the format test (tests/dcp) says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import pickle
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, BinaryIO
+
+from torch.distributed.checkpoint.filesystem import (  # private DCP format helpers, see the module docstring
+    CURRENT_DCP_VERSION,
+    DEFAULT_SUFFIX,
+    SerializationFormat,
+    _item_size,
+    _metadata_fn,
+    _split_by_size_and_type,
+    _StorageWriterTransforms,
+    _write_files_from_queue,
+)
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult
+
+METADATA_NAME: str = _metadata_fn  # ".metadata"
+DEFAULT_PREFIX = "policy"  # where a bundle keeps the policy checkpoint (docs/architecture.md)
+
+__all__ = ["DEFAULT_MAX_SHARD_BYTES", "DEFAULT_PREFIX", "METADATA_NAME", "metadata_bytes", "shard_name", "shard_plan", "write_shards"]
+
+
+def shard_name(rank_prefix: str, n: int) -> str:
+    """`__{rank}_{n}.distcp`: `rank_prefix` is DCP's `_StoragePrefix.prefix` (`__{rank}_`)."""
+    return f"{rank_prefix}{n}{DEFAULT_SUFFIX}"
+
+
+class _CountingStream(io.RawIOBase):
+    """What DCP's `_write_item` writes into. It asks `tell()` for each item's offset, which a stream going
+    straight to storage (the participant's hashing writer) cannot answer by seeking: counting the bytes
+    answers it, and nothing is read back, so the digest is computed once, while streaming.
+
+    torch.save writes a tensor as a dozen small pieces (zip headers, pickle) and one big one (the data);
+    each write into the store costs a digest update and a guarded storage call, so small pieces are
+    gathered into one buffer of up to COALESCE_BYTES and big ones pass straight through."""
+
+    COALESCE_BYTES = 1 << 20
+
+    def __init__(self, inner: BinaryIO) -> None:
+        super().__init__()
+        self._inner = inner
+        self._pos = 0
+        self._pending = bytearray()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        n = len(view)
+        if len(self._pending) + n <= self.COALESCE_BYTES:
+            self._pending += view
+        else:
+            self._drain()
+            if n < self.COALESCE_BYTES:
+                self._pending += view
+            else:
+                self._inner.write(view)
+        self._pos += n
+        return n
+
+    def _drain(self) -> None:
+        if self._pending:
+            self._inner.write(self._pending)
+            self._pending = bytearray()
+
+    def tell(self) -> int:
+        return self._pos
+
+    def flush(self) -> None:
+        """DCP's NoCloseWriter flushes after every item; the buffer is written out on close."""
+
+    def close(self) -> None:
+        if not self.closed:
+            self._drain()
+            super().close()
+            self._inner.close()  # a clean close keeps the file (sha256 and size recorded)
+
+
+OpenShard = Callable[[str], BinaryIO]
+
+
+# Items up to this size (and every bytes item) go to a rank's last, small shard file. DCP writes each
+# replicated item (AdamW's `step` counters, `param_groups`) once, into some rank's files, and every rank
+# needs it on load; a reader must fetch and digest a whole file before it may use a byte of it, so a
+# rank should not have to fetch another rank's whole shard for a few hundred bytes.
+SMALL_ITEM_BYTES = 64 << 10
+
+# A shard file holds items up to about this many bytes (an item that is larger gets a file of its own).
+# A reader fetches and digest-checks each file whole before torch reads it, so smaller files let the next
+# file's fetch and digest overlap loading the current one, and keep the reader's spool to a few files
+# rather than a rank's whole share. Below 16 MiB, the store's S3 write block, a file also goes out as
+# one PUT rather than a multipart upload (three requests more; on moto about twice the time per byte).
+DEFAULT_MAX_SHARD_BYTES = 15 << 20
+
+
+def shard_plan(
+    rank_prefix: str, items: list[WriteItem], thread_count: int = 1, max_shard_bytes: int | None = DEFAULT_MAX_SHARD_BYTES
+) -> list[tuple[str, list[WriteItem]]]:
+    """How one rank's items go into files, named as DCP names them (`__{rank}_{n}.distcp`).
+
+    The tensors above SMALL_ITEM_BYTES are split as DCP's FileSystemWriter splits them (by size over
+    `thread_count` files), into more files if needed so that none holds more than `max_shard_bytes`
+    (None: no limit, DCP's own split); then the small items get a file of their own. No empty files.
+    """
+
+    def small(wi: WriteItem) -> bool:
+        return wi.type == WriteItemType.BYTE_IO or _item_size(wi) <= SMALL_ITEM_BYTES  # private DCP helper
+
+    bulk = [wi for wi in items if not small(wi)]
+    bins = thread_count
+    if max_shard_bytes and bulk:
+        bins = max(bins, -(-sum(_item_size(wi) for wi in bulk) // max_shard_bytes))
+    buckets = [b for b in _split_by_size_and_type(bins, bulk) if b] if bulk else []  # private DCP helper
+    if any(small(wi) for wi in items):
+        buckets.append([wi for wi in items if small(wi)])
+    return [(shard_name(rank_prefix, n), bucket) for n, bucket in enumerate(buckets)]
+
+
+def write_shards(
+    open_shard: OpenShard,
+    files: list[tuple[str, list[WriteItem]]],
+    planner: SavePlanner,
+    thread_count: int = 1,
+    per_thread_copy_ahead: int = 10_000_000,
+) -> list[WriteResult]:
+    """Write `files` (from shard_plan) through streams opened by `open_shard(name)`, item by item as
+    DCP's FileSystemWriter does, in up to `thread_count` threads.
+
+    `open_shard` returns a writable stream whose clean close keeps the file and whose `discard()`
+    drops it. Unlike DCP's writer, a failure in any writing thread is raised here (DCP's own threads
+    lose it); the files already closed are the caller's to remove.
+
+    Returns:
+        DCP's WriteResults (storage_data: `_StorageInfo(name, offset, length)`).
+    """
+    file_queue: queue.Queue[tuple[str, str, list[WriteItem]]] = queue.Queue()
+    for name, bucket in files:
+        file_queue.put((name, name, bucket))  # (path for create_stream, storage key = name relative to the prefix)
+    result_queue: queue.Queue[list[WriteResult]] = queue.Queue()
+    failures: list[BaseException] = []
+
+    @contextlib.contextmanager
+    def create_stream(name: str, mode: str) -> Iterator[io.IOBase]:
+        if mode != "wb":
+            raise ValueError(f"shard streams are write-only, got mode {mode!r}")
+        raw = open_shard(name)
+        try:
+            yield _CountingStream(raw)
+        except BaseException:
+            raw.discard()  # type: ignore[attr-defined]  # never keep a half-written shard
+            raise
+        raw.close()  # DCP closes it already; a second close is a no-op
+
+    def worker() -> None:
+        try:
+            # DCP's own per-file loop (item order, tensor resolution, torch.save per item). use_fsync is
+            # off: without a fileno() it would fall back to a machine-wide os.sync(); the store fsyncs
+            # each file itself on local disk when it is closed.
+            _write_files_from_queue(  # private DCP helper, see the module docstring
+                create_stream, file_queue, result_queue, planner, _StorageWriterTransforms(),
+                per_thread_copy_ahead, False, thread_count, SerializationFormat.TORCH_SAVE,
+            )
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, after every thread stopped
+            failures.append(exc)
+            with contextlib.suppress(queue.Empty):  # the other threads need not write what will be thrown away
+                while True:
+                    file_queue.get_nowait()
+
+    workers = min(thread_count, len(files))
+    threads = [threading.Thread(target=worker, name=f"rlckpt-dcp-write-{i}", daemon=True) for i in range(1, workers)]
+    for thread in threads:
+        thread.start()
+    worker()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
+    results: list[WriteResult] = []
+    while not result_queue.empty():
+        results.extend(result_queue.get_nowait())
+    return results
+
+
+def metadata_bytes(metadata: Metadata, results: Sequence[WriteResult], storage_meta: StorageMeta | None) -> bytes:
+    """`.metadata` as DCP's FileSystemWriter.finish pickles it: the plan's Metadata with the version,
+    every item's storage record, and the storage meta."""
+    metadata.version = CURRENT_DCP_VERSION
+    metadata.storage_data = {wr.index: wr.storage_data for wr in results}
+    metadata.storage_meta = storage_meta
+    return pickle.dumps(metadata)

@@ -1,0 +1,283 @@
+"""BundleStorageReader: `torch.distributed.checkpoint`'s StorageReader over one committed bundle.
+
+It is DCP's own FileSystemReader (same slicing, transforms, `torch.load(weights_only=True)` per item,
+so resharding is DCP's) with its filesystem replaced by the bundle: every byte torch sees was checked
+against the manifest first. `.metadata` is read digest-checked once, when the reader is made, and only
+then unpickled; each shard file a rank needs is fetched once, digest-checked, and sliced by the
+offset/length DCP recorded. Files are fetched a few ahead of the read loop (see _Prefetch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import pickle
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
+
+from rlckpt.errors import CorruptBundleError, ShardedCheckpointError, UncommittedBundleError
+from rlckpt.store import Bundle, BundleStore
+from rlckpt.store.paths import join_relpath, validate_relpath
+
+from ._format import DEFAULT_PREFIX, METADATA_NAME
+from ._plan import BundleRef
+
+
+# A shard file up to this size is fetched into memory (one read, digest-checked, no disk copy); a
+# larger one is copied to the spool dir and checked there. rlckpt's writer keeps its files far below it
+# (DEFAULT_MAX_SHARD_BYTES); files of another writer may be of any size.
+IN_MEMORY_MAX = 64 << 20
+
+
+class _Prefetch:
+    """The shard files one rank's load plan needs, in the order DCP's read loop will want them, fetched
+    ahead by `workers` threads and at most `workers` + 1 files ahead of the loop (memory and spool stay
+    bounded). Every fetch is digest-checked before its bytes are handed out: `Bundle.read_bytes` for a
+    file up to IN_MEMORY_MAX, else `Bundle.get_file` into a private spool dir. Fetching and hashing the
+    next files (on other cores) overlaps torch loading the current one."""
+
+    def __init__(self, bundle: Bundle, relpaths: list[str], workers: int, spool_dir: str | None) -> None:
+        self.bundle = bundle
+        self.spool_dir = spool_dir
+        self._dir: str | None = None
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(relpaths) or 1)), thread_name_prefix="rlckpt-dcp-fetch")
+        self._order = list(relpaths)
+        self._window = max(1, workers) + 1
+        self._next = 0
+        self._futures: dict[str, Future[io.IOBase]] = {}
+        self._lock = threading.Lock()
+        self._ahead()
+
+    def _ahead(self) -> None:
+        with self._lock:
+            while self._next < len(self._order) and len(self._futures) < self._window:
+                rel = self._order[self._next]
+                self._next += 1
+                if rel not in self._futures:
+                    self._futures[rel] = self._pool.submit(self._fetch, rel)
+
+    def _fetch(self, relpath: str) -> io.IOBase:
+        try:
+            entry = self.bundle.manifest.files[relpath]
+        except KeyError:
+            raise CorruptBundleError(
+                f"step {self.bundle.step} at {self.bundle.url}: its DCP metadata names {relpath}, which the bundle does not hold"
+            ) from None
+        if entry.logical_size <= IN_MEMORY_MAX:
+            return io.BytesIO(self.bundle.read_bytes(relpath))
+        with self._lock:
+            if self._dir is None:
+                self._dir = tempfile.mkdtemp(prefix="rlckpt-dcp-load-", dir=self.spool_dir)
+        local = os.path.join(self._dir, *relpath.split("/"))  # relpath is a manifest entry: a safe relative path
+        self.bundle.get_file(relpath, local)
+        stream = open(local, "rb")  # noqa: SIM115 - handed to the read loop, closed there
+        os.remove(local)  # the open stream keeps the checked copy until it is closed
+        return stream
+
+    def take(self, relpath: str) -> io.IOBase:
+        """The checked contents of `relpath` as a readable, seekable stream (waits for its fetch)."""
+        with self._lock:
+            future = self._futures.get(relpath)
+            if future is None:  # not in the plan's order (DCP asked for another file): fetch it now
+                future = self._futures[relpath] = self._pool.submit(self._fetch, relpath)
+        try:
+            return future.result()
+        finally:
+            with self._lock:
+                self._futures.pop(relpath, None)
+            self._ahead()
+
+    def close(self) -> None:
+        with self._lock:
+            pending = list(self._futures.values())
+            self._futures.clear()
+            self._next = len(self._order)
+        for future in pending:
+            future.cancel()
+        self._pool.shutdown(wait=True)
+        for future in pending:  # fetched but never read: close what was opened
+            if future.done() and not future.cancelled() and future.exception() is None:
+                future.result().close()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
+class _BundleFiles(FileSystemBase):
+    """The read side of DCP's FileSystemBase over one committed bundle; paths are bundle relpaths, and
+    every stream it opens is a digest-checked local copy (from the load's _Prefetch)."""
+
+    def __init__(self, bundle: Bundle) -> None:
+        self.bundle = bundle
+        self.prefetch: _Prefetch | None = None
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
+        if mode != "rb":
+            raise ShardedCheckpointError(f"step {self.bundle.step} at {self.bundle.url} is committed and read-only (mode {mode!r})")
+        if self.prefetch is None:
+            raise ShardedCheckpointError("shard files are read only inside BundleStorageReader.read_data")
+        with self.prefetch.take(os.fspath(path)) as stream:
+            yield stream
+
+    def concat_path(self, path: str | os.PathLike[str], suffix: str) -> str:
+        return join_relpath(os.fspath(path), suffix) if os.fspath(path) else validate_relpath(suffix)
+
+    def init_path(self, path: str | os.PathLike[str]) -> str:
+        return os.fspath(path)
+
+    def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
+        raise ShardedCheckpointError("a committed bundle is read-only")
+
+    def mkdir(self, path: str | os.PathLike[str]) -> None:
+        raise ShardedCheckpointError("a committed bundle is read-only")
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return False
+
+    def exists(self, path: str | os.PathLike[str]) -> bool:
+        return os.fspath(path) in self.bundle.manifest.files
+
+    def rm_file(self, path: str | os.PathLike[str]) -> None:
+        raise ShardedCheckpointError("a committed bundle is read-only")
+
+
+class BundleStorageReader(FileSystemReader):
+    """A DCP StorageReader of the checkpoint under `prefix` in one committed bundle; any world size.
+
+    `BundleStorageReader("s3://bucket/run", step=None, storage_options={...}, prefix="policy")` reads the
+    newest committed step; `source` may also be a BundleStore or an opened Bundle.
+    """
+
+    def __init__(
+        self,
+        source: Bundle | BundleStore | str | os.PathLike[str],
+        step: int | None = None,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        prefix: str = DEFAULT_PREFIX,
+        fetch_workers: int = 2,
+        spool_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        """Open the bundle and read its `.metadata` (digest-checked) now, once for this reader.
+
+        Args:
+            source: the run (URL or BundleStore), or a Bundle already opened (then `step` must be None
+                or its step).
+            step: the step to read; None: the newest committed one.
+            storage_options: fsspec options for a URL source.
+            prefix: the checkpoint's directory inside the bundle ("" for the bundle root).
+            fetch_workers: shard files each rank fetches (and digest-checks) at once, ahead of loading.
+            spool_dir: where a load keeps checked copies of shard files above 64 MiB (smaller ones are
+                held in memory), a few at a time (default: the system temp dir).
+        Raises:
+            UncommittedBundleError: the step is not committed, or (step=None) no step is.
+            CorruptBundleError: the bundle or its `.metadata` fails its digest check (names the file).
+            ShardedCheckpointError: the bundle holds no `.metadata` under `prefix`.
+            StoreUnavailableError: the store cannot be reached.
+        """
+        self.prefix = prefix.strip("/")
+        self.fetch_workers = fetch_workers
+        self.spool_dir = None if spool_dir is None else os.fspath(spool_dir)
+        self._metadata_relpath = join_relpath(self.prefix, METADATA_NAME)
+        self._store: BundleStore | None = None
+        if isinstance(source, Bundle):
+            if step is not None and step != source.step:
+                raise ShardedCheckpointError(f"step={step} contradicts the bundle given, which is step {source.step}")
+            bundle = source
+        else:
+            self._store = source if isinstance(source, BundleStore) else BundleStore(source, storage_options)
+            bundle = self._open(step)
+        super().__init__(self.prefix)
+        self._use(bundle)
+
+    def _open(self, step: int | None) -> Bundle:
+        assert self._store is not None
+        if step is None:
+            step = self._store.latest()
+            if step is None:
+                raise UncommittedBundleError(f"no committed bundle at {self._store.url}: nothing to load")
+        return self._store.open(step)
+
+    def _use(self, bundle: Bundle) -> None:
+        try:
+            self._metadata_bytes = bundle.read_bytes(self._metadata_relpath)  # digest-checked before any unpickling
+        except FileNotFoundError:
+            raise ShardedCheckpointError(
+                f"step {bundle.step} at {bundle.url} holds no DCP checkpoint under {self.prefix or 'its root'!r} "
+                f"(no {self._metadata_relpath}); files: {bundle.files_under(self.prefix)[:5]}"
+            ) from None
+        self.bundle = bundle
+        self.fs = _BundleFiles(bundle)
+        self.path = self.prefix
+
+    @property
+    def step(self) -> int:
+        return self.bundle.step
+
+    @property
+    def checkpoint_id(self) -> str:
+        """Where the checkpoint is read from, for DCP's logs: `<run>/step_<N>/<prefix>`."""
+        return "/".join(p for p in (self.bundle.url.rstrip("/"), f"step_{self.bundle.step}", self.prefix) if p)
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | int | None = None) -> None:
+        """DCP calls this when `dcp.load(checkpoint_id=...)` is given: it is a step of the same run."""
+        super().reset(None)
+        if checkpoint_id is None:
+            return
+        if self._store is None:
+            raise ShardedCheckpointError("a BundleStorageReader made from a Bundle reads that bundle only; do not pass checkpoint_id")
+        try:
+            step = int(checkpoint_id if isinstance(checkpoint_id, int) else os.fspath(checkpoint_id))
+        except (TypeError, ValueError):
+            raise ShardedCheckpointError(f"checkpoint_id of a BundleStorageReader is a step, got {checkpoint_id!r}") from None
+        self._use(self._open(step))
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return False  # never picked by DCP from a bare checkpoint_id: pass the reader explicitly
+
+    def read_metadata(self) -> Metadata:  # no **kwargs: DCP must not fall back to rank-local metadata
+        metadata = pickle.loads(self._metadata_bytes)  # bytes whose sha256 the manifest vouched for
+        if not isinstance(metadata, Metadata):
+            raise CorruptBundleError(f"step {self.bundle.step} at {self.bundle.url}: {self._metadata_relpath} is not DCP metadata")
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        ref = BundleRef(self.bundle.url, self.bundle.step, self.bundle.manifest.txid)
+        return LoadPlan(plan.items, storage_data=ref, planner_data=plan.planner_data)
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        """Every rank must read the same bundle: with step=None two ranks can see different newest steps
+        if a save commits while they open theirs. Refused rather than loaded as a mix."""
+        refs = {plan.storage_data for plan in plans}
+        if len(refs) > 1:
+            seen = ", ".join(sorted(f"step {r.step} (txid {r.txid})" for r in refs if isinstance(r, BundleRef)))
+            raise ShardedCheckpointError(
+                f"ranks opened different bundles ({seen}): a save committed while the load started; pass an explicit step"
+            )
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Any:
+        """DCP's own read loop (FileSystemReader.read_data) over checked local copies of the shard files,
+        which are fetched ahead, a few at a time, in the order the loop will want them."""
+        needed = list(dict.fromkeys(self.fs.concat_path(self.path, self.storage_data[item.storage_index].relative_path) for item in plan.items))
+        prefetch = _Prefetch(self.bundle, needed, self.fetch_workers, self.spool_dir)
+        self.fs.prefetch = prefetch
+        try:
+            return super().read_data(plan, planner)
+        finally:
+            self.fs.prefetch = None
+            prefetch.close()

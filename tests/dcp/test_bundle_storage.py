@@ -1,0 +1,270 @@
+"""BundleStorageWriter / BundleStorageReader in one process (DCP without a process group, world size 1), on
+local disk and on S3 with the same body: DCP's own format, digests before torch sees a byte, no in-place
+overwrite, what a failed save leaves, and the refusals. The multi-rank behaviour is in test_multi_rank.py."""
+
+from __future__ import annotations
+
+import gc
+import pickle
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from rlckpt.dcp import BundleStorageReader, BundleStorageWriter
+from rlckpt.dcp import reader as reader_module
+from rlckpt.dcp._format import SMALL_ITEM_BYTES
+from rlckpt.errors import BundleExistsError, CorruptBundleError, ShardedCheckpointError
+from rlckpt.store import BundleStore
+from rlckpt.testing import dcp_scenarios as scenarios
+from rlckpt.testing.dcp_ranks import bitwise_equal, flat_tensors, plain_policy, policy_state, quiet_dcp_warnings, train_step
+from rlckpt.testing.store_checks import debris
+
+quiet_dcp_warnings()
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+WIDTH, DEPTH = 192, 3  # weights (144 KiB) above SMALL_ITEM_BYTES, biases below
+
+
+def trained_state(seed: int) -> dict:
+    model, optim = plain_policy(WIDTH, DEPTH, seed=seed)
+    train_step(model, optim, WIDTH, seed=seed + 1)
+    return policy_state(model, optim)
+
+
+@pytest.fixture
+def run(store_location):
+    """(store, url, storage_options) of an empty run, with step 1 saved through rlckpt from trained_state(0)."""
+    url, options = store_location
+    store = BundleStore(url, options)  # one store (one S3 client) per test where the URL form is not the point
+    dcp.save(trained_state(0), storage_writer=BundleStorageWriter(store, step=1))
+    return store, url, options
+
+
+def load(reader, seed: int = 77) -> dict[str, torch.Tensor]:
+    state = trained_state(seed)
+    dcp.load(state, storage_reader=reader)
+    return flat_tensors(state)
+
+
+def raised_inside(excinfo, error: type[BaseException]) -> BaseException:
+    """The `error` a rank raised inside DCP's CheckpointException (DCP wraps every rank's failure)."""
+    failures = getattr(excinfo.value, "failures", {})
+    found = [err for err, _tb in failures.values() if isinstance(err, error)]
+    assert found, f"no {error.__name__} among {failures}"
+    return found[0]
+
+
+def largest_item(store: BundleStore, step: int):
+    """The _StorageInfo of the biggest item in step's policy/.metadata (its middle is tensor data)."""
+    metadata = pickle.loads(store.open(step).read_bytes("policy/.metadata"))
+    return max(metadata.storage_data.values(), key=lambda info: info.length)
+
+
+def dcp_own_writer(url: str, options, **kwargs):
+    if options is None:
+        return dcp.FileSystemWriter(url, **kwargs)
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+    return FsspecWriter(url, sync_files=False, **kwargs, **options)
+
+
+# --- DCP's own format ------------------------------------------------------------------------------
+
+
+def item_bytes(read_file, metadata) -> dict:
+    """Each item's serialized bytes, from the files `metadata` points into."""
+    files: dict[str, bytes] = {}
+    out = {}
+    for index, info in metadata.storage_data.items():
+        data = files.setdefault(info.relative_path, read_file(info.relative_path))
+        out[index] = data[info.offset : info.offset + info.length]
+    return out
+
+
+@pytest.mark.parametrize("thread_count", [1, 2])
+def test_every_item_is_stored_byte_for_byte_as_dcps_own_writer_stores_it(store_location, thread_count):
+    """DCP's format: same .metadata (but which file an item went to), same bytes for every item."""
+    url, options = store_location
+    state = trained_state(0)
+    dcp.save(state, storage_writer=dcp_own_writer(f"{url}-dcp", options, thread_count=thread_count))
+    dcp.save(state, storage_writer=BundleStorageWriter(url, step=1, storage_options=options, thread_count=thread_count))
+    theirs = BundleStore(f"{url}-dcp", options)
+    bundle = BundleStore(url, options).open(1)
+
+    ours_md = pickle.loads(bundle.read_bytes("policy/.metadata"))
+    their_md = pickle.loads(theirs.fs.cat_file(f"{theirs.root}/.metadata"))
+    assert ours_md.state_dict_metadata == their_md.state_dict_metadata
+    assert ours_md.version == their_md.version
+    assert set(ours_md.storage_data) == set(their_md.storage_data)  # no receipts or other extras rode along
+    assert all(info.relative_path.startswith("__0_") and info.relative_path.endswith(".distcp") for info in ours_md.storage_data.values())
+    ours = item_bytes(lambda name: bundle.read_bytes(f"policy/{name}"), ours_md)
+    assert ours == item_bytes(lambda name: theirs.fs.cat_file(f"{theirs.root}/{name}"), their_md)
+
+
+def test_small_items_get_a_file_of_their_own(run):
+    """Replicated items (AdamW's step counters, param_groups) are small; every rank reads them, so they
+    must not sit in a file with a rank's big shards, which the reader would have to fetch whole."""
+    store, _url, _options = run
+    metadata = pickle.loads(store.open(1).read_bytes("policy/.metadata"))
+    small = SMALL_ITEM_BYTES
+    files: dict[str, list[int]] = {}
+    for info in metadata.storage_data.values():
+        files.setdefault(info.relative_path, []).append(info.length)
+    holding_small = {name for name, lengths in files.items() if min(lengths) < small}
+    assert len(files) == 2 and len(holding_small) == 1
+    assert max(files[holding_small.pop()]) < small + 4096  # an item's torch.save framing is ~1-2 KiB
+
+
+def test_max_shard_bytes_caps_the_size_of_shard_files(store_location):
+    url, options = store_location
+    dcp.save(trained_state(0), storage_writer=BundleStorageWriter(url, step=1, storage_options=options, max_shard_bytes=200_000))
+    bundle = BundleStore(url, options).open(1)
+    sizes = [bundle.manifest.files[rel].size for rel in bundle.files_under("policy") if rel.endswith(".distcp")]
+    assert len(sizes) >= 4 and max(sizes) < 200_000 + 150_000  # one 144 KiB weight (+ framing) may top a file up
+    assert bitwise_equal(load(BundleStorageReader(url, step=1, storage_options=options)), flat_tensors(trained_state(0))) == []
+
+
+def test_a_bundles_policy_dir_loads_with_dcps_own_reader(run):
+    store, _url, options = run
+    assert bitwise_equal(load(scenarios.dcp_own_reader(store, 1, options)), flat_tensors(trained_state(0))) == []
+
+
+def test_the_reader_accepts_a_store_or_an_opened_bundle(run):
+    store, _url, _options = run
+    expected = flat_tensors(trained_state(0))
+    assert bitwise_equal(load(BundleStorageReader(store, step=1)), expected) == []
+    assert bitwise_equal(load(BundleStorageReader(store.open(1))), expected) == []
+
+
+def test_checkpoint_id_names_the_step(run):
+    _store, url, options = run
+    dcp.save(trained_state(5), checkpoint_id=7, storage_writer=BundleStorageWriter(url, storage_options=options))
+    assert BundleStore(url, options).steps() == [1, 7]
+    state = trained_state(9)
+    dcp.load(state, checkpoint_id=7, storage_reader=BundleStorageReader(url, step=1, storage_options=options))
+    assert bitwise_equal(flat_tensors(state), flat_tensors(trained_state(5))) == []
+
+
+def test_a_standalone_save_records_the_checkpoint_in_the_manifest(store_location):
+    url, options = store_location
+    writer = BundleStorageWriter(url, step=3, storage_options=options, metadata={"run": "r1"})
+    dcp.save(trained_state(0), storage_writer=writer)
+    assert writer.manifest is not None
+    assert writer.manifest.metadata == {"run": "r1", "dcp": {"prefix": "policy", "world_size": 1, "version": "1.0.0"}}
+    assert BundleStore(url, options).open(3).manifest.metadata == writer.manifest.metadata
+
+
+# --- digests before torch sees a byte ----------------------------------------------------------------
+
+
+def test_a_flipped_bit_in_a_shard_is_refused_naming_the_file(run):
+    store, url, options = run
+    item = largest_item(store, 1)
+    scenarios.flip_bit(store, 1, f"policy/{item.relative_path}", item.offset + item.length // 2)
+    target = trained_state(77)
+    before = flat_tensors(target)
+    with pytest.raises(dcp.CheckpointException) as excinfo:
+        dcp.load(target, storage_reader=BundleStorageReader(url, storage_options=options))
+    error = raised_inside(excinfo, CorruptBundleError)
+    assert f"policy/{item.relative_path}" in str(error) and "sha256" in str(error)
+    assert bitwise_equal(flat_tensors(target), before) == []  # torch never saw a byte of it
+
+
+def test_dcps_own_reader_loads_the_same_flipped_bit_silently(run):
+    store, _url, options = run
+    item = largest_item(store, 1)
+    scenarios.flip_bit(store, 1, f"policy/{item.relative_path}", item.offset + item.length // 2)
+    differ = bitwise_equal(load(scenarios.dcp_own_reader(store, 1, options)), flat_tensors(trained_state(0)))
+    assert len(differ) == 1  # no error, one tensor quietly wrong
+
+
+def test_a_flipped_bit_in_metadata_is_refused_before_it_is_unpickled(run, monkeypatch):
+    store, url, options = run
+    scenarios.flip_bit(store, 1, "policy/.metadata", 100)
+
+    def no_unpickling(data):
+        raise AssertionError("unpickled .metadata whose digest did not match")
+
+    monkeypatch.setattr(reader_module.pickle, "loads", no_unpickling)
+    with pytest.raises(CorruptBundleError, match=r"policy/\.metadata has sha256"):
+        BundleStorageReader(url, step=1, storage_options=options)
+
+
+# --- no in-place overwrite, and what a failed save leaves -----------------------------------------------
+
+
+def test_saving_a_committed_step_again_is_refused_and_leaves_it_intact(run):
+    store, url, options = run
+    with pytest.raises(dcp.CheckpointException) as excinfo:
+        dcp.save(trained_state(5), storage_writer=BundleStorageWriter(store, step=1))
+    raised_inside(excinfo, BundleExistsError)
+    assert bitwise_equal(load(BundleStorageReader(store, step=1)), flat_tensors(trained_state(0))) == []
+    assert debris(store) == []
+
+
+def failing_save(writer) -> None:
+    dcp.save(trained_state(5), storage_writer=writer, planner=scenarios.FailingPlanner(0, "before_write"))
+
+
+def test_a_failed_save_in_a_with_block_leaves_nothing(run):
+    store, url, options = run
+    with pytest.raises(dcp.CheckpointException):
+        with BundleStorageWriter(store, step=2) as writer:
+            failing_save(writer)
+    assert store.steps() == [1]
+    assert debris(store) == []
+
+
+def test_a_dropped_writer_aborts_the_transaction_its_failed_save_left_open(run):
+    """DCP never calls the coordinator's writer again after another rank failed; its transaction is
+    aborted when the writer goes away."""
+    store, url, options = run
+    writer = BundleStorageWriter(store, step=2)
+    with pytest.raises(dcp.CheckpointException) as excinfo:
+        failing_save(writer)
+    assert store.read_intent(2) is not None  # still held while the writer lives
+    del writer, excinfo  # the traceback holds DCP's frames, which hold the writer
+    gc.collect()
+    assert store.read_intent(2) is None
+    assert debris(store) == []
+
+
+def test_a_retry_through_the_same_writer_commits_the_step_its_failed_save_left_open(run):
+    store, url, options = run
+    writer = BundleStorageWriter(store, step=2)
+    with pytest.raises(dcp.CheckpointException):
+        failing_save(writer)
+    dcp.save(trained_state(5), storage_writer=writer)
+    assert store.steps() == [1, 2]
+    assert bitwise_equal(load(BundleStorageReader(store, step=2)), flat_tensors(trained_state(5))) == []
+
+
+# --- refusals -------------------------------------------------------------------------------------
+
+
+def test_ranks_that_opened_different_bundles_are_refused(run):
+    store, url, options = run
+    dcp.save(trained_state(5), storage_writer=BundleStorageWriter(store, step=2))
+    readers = [BundleStorageReader(store, step=1), BundleStorageReader(store, step=2)]
+    plans = [r.prepare_local_plan(dcp.LoadPlan([])) for r in readers]
+    with pytest.raises(ShardedCheckpointError, match=r"step 1 .* step 2 .*pass an explicit step"):
+        readers[0].prepare_global_plan(plans)
+
+
+def test_a_bundle_without_dcp_metadata_under_the_prefix_is_named(run):
+    store, _url, _options = run
+    with pytest.raises(ShardedCheckpointError, match=r"no DCP checkpoint under 'optim'.*optim/\.metadata"):
+        BundleStorageReader(store, step=1, prefix="optim")
+
+
+def test_a_joined_writer_saves_once(run):
+    store, _url, _options = run
+    txn = store.begin(2)
+    writer = BundleStorageWriter(txn.handle(), participant="rank0")
+    dcp.save(trained_state(5), storage_writer=writer)
+    with pytest.raises(dcp.CheckpointException) as excinfo:
+        dcp.save(trained_state(5), storage_writer=writer)
+    assert "saves once" in str(raised_inside(excinfo, ShardedCheckpointError))
+    txn.commit(receipts=[writer.receipt], participants={"rank0"})
+    assert bitwise_equal(load(BundleStorageReader(store, step=2)), flat_tensors(trained_state(5))) == []
