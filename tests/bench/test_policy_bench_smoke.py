@@ -21,7 +21,12 @@ def test_policy_bench_measures_both_systems_verifies_every_load_and_writes_its_r
 
     assert [(p.destination, p.ranks) for p in points] == [("local", 1), ("s3-moto", 1)]
     for p in points:
-        assert sorted((m.system, m.repeat) for m in p.measurements) == [("dcp", 0), ("dcp", 1), ("rlckpt", 0), ("rlckpt", 1)]
+        assert sorted((m.system, m.repeat) for m in p.measurements) == [
+            ("dcp", 0),
+            ("dcp", 1),
+            ("rlckpt", 0),
+            ("rlckpt", 1),
+        ]
         assert all(m.verified and m.save_s > 0 and m.load_s > 0 for m in p.measurements)
         assert p.state_bytes > 0
     write_json(tmp_path / "policy.json", result_document(points, config, {"command": "test"}))

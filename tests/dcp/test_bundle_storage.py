@@ -17,7 +17,14 @@ from rlckpt.dcp._format import SMALL_ITEM_BYTES
 from rlckpt.errors import BundleExistsError, CorruptBundleError, ShardedCheckpointError
 from rlckpt.store import BundleStore
 from rlckpt.testing import dcp_scenarios as scenarios
-from rlckpt.testing.dcp_ranks import bitwise_equal, flat_tensors, plain_policy, policy_state, quiet_dcp_warnings, train_step
+from rlckpt.testing.dcp_ranks import (
+    bitwise_equal,
+    flat_tensors,
+    plain_policy,
+    policy_state,
+    quiet_dcp_warnings,
+    train_step,
+)
 from rlckpt.testing.store_checks import debris
 
 quiet_dcp_warnings()
@@ -97,7 +104,10 @@ def test_every_item_is_stored_byte_for_byte_as_dcps_own_writer_stores_it(store_l
     assert ours_md.state_dict_metadata == their_md.state_dict_metadata
     assert ours_md.version == their_md.version
     assert set(ours_md.storage_data) == set(their_md.storage_data)  # no receipts or other extras rode along
-    assert all(info.relative_path.startswith("__0_") and info.relative_path.endswith(".distcp") for info in ours_md.storage_data.values())
+    assert all(
+        info.relative_path.startswith("__0_") and info.relative_path.endswith(".distcp")
+        for info in ours_md.storage_data.values()
+    )
     ours = item_bytes(lambda name: bundle.read_bytes(f"policy/{name}"), ours_md)
     assert ours == item_bytes(lambda name: theirs.fs.cat_file(f"{theirs.root}/{name}"), their_md)
 
@@ -118,11 +128,17 @@ def test_small_items_get_a_file_of_their_own(run):
 
 def test_max_shard_bytes_caps_the_size_of_shard_files(store_location):
     url, options = store_location
-    dcp.save(trained_state(0), storage_writer=BundleStorageWriter(url, step=1, storage_options=options, max_shard_bytes=200_000))
+    dcp.save(
+        trained_state(0),
+        storage_writer=BundleStorageWriter(url, step=1, storage_options=options, max_shard_bytes=200_000),
+    )
     bundle = BundleStore(url, options).open(1)
     sizes = [bundle.manifest.files[rel].size for rel in bundle.files_under("policy") if rel.endswith(".distcp")]
     assert len(sizes) >= 4 and max(sizes) < 200_000 + 150_000  # one 144 KiB weight (+ framing) may top a file up
-    assert bitwise_equal(load(BundleStorageReader(url, step=1, storage_options=options)), flat_tensors(trained_state(0))) == []
+    assert (
+        bitwise_equal(load(BundleStorageReader(url, step=1, storage_options=options)), flat_tensors(trained_state(0)))
+        == []
+    )
 
 
 def test_a_bundles_policy_dir_loads_with_dcps_own_reader(run):
@@ -209,9 +225,8 @@ def failing_save(writer) -> None:
 
 def test_a_failed_save_in_a_with_block_leaves_nothing(run):
     store, url, options = run
-    with pytest.raises(dcp.CheckpointException):
-        with BundleStorageWriter(store, step=2) as writer:
-            failing_save(writer)
+    with pytest.raises(dcp.CheckpointException), BundleStorageWriter(store, step=2) as writer:
+        failing_save(writer)
     assert store.steps() == [1]
     assert debris(store) == []
 

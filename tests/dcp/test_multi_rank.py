@@ -21,7 +21,14 @@ from rlckpt.errors import ParticipantError, UncommittedBundleError
 from rlckpt.store import BundleStore, Manifest, Receipt
 from rlckpt.store.paths import step_dirname
 from rlckpt.testing import dcp_scenarios as scenarios
-from rlckpt.testing.dcp_ranks import bitwise_equal, flat_tensors, plain_policy, policy_state, quiet_dcp_warnings, run_ranks
+from rlckpt.testing.dcp_ranks import (
+    bitwise_equal,
+    flat_tensors,
+    plain_policy,
+    policy_state,
+    quiet_dcp_warnings,
+    run_ranks,
+)
 from rlckpt.testing.moto import make_s3fs
 from rlckpt.testing.store_checks import debris
 
@@ -119,7 +126,13 @@ def test_async_save_commits_a_bundle_that_loads_back_bitwise(ranks):
     for rec in ranks.records:
         assert rec["async_save_3"]["raised"] is None, rec["async_save_3"].get("traceback")
         assert rec["load_3_differs_from_B"] == []
-    assert bitwise_equal(_load_one_rank(BundleStorageReader(ranks.url, step=3, storage_options=ranks.options)), _full(ranks, "full_B.pt")) == []
+    assert (
+        bitwise_equal(
+            _load_one_rank(BundleStorageReader(ranks.url, step=3, storage_options=ranks.options)),
+            _full(ranks, "full_B.pt"),
+        )
+        == []
+    )
 
 
 # --- joined mode ------------------------------------------------------------------------------------
@@ -132,7 +145,13 @@ def test_joined_ranks_hand_receipts_to_the_caller_who_commits_one_bundle(ranks):
     assert rank0[0] == "policy/.metadata" and rank0[1:] and all(f.startswith("policy/__0_") for f in rank0[1:])
     assert rank1 and all(f.startswith("policy/__1_") for f in rank1)
     assert sorted(ranks.joined.files) == sorted(rank0 + rank1)
-    assert bitwise_equal(_load_one_rank(BundleStorageReader(ranks.url, step=4, storage_options=ranks.options)), _full(ranks, "full_B.pt")) == []
+    assert (
+        bitwise_equal(
+            _load_one_rank(BundleStorageReader(ranks.url, step=4, storage_options=ranks.options)),
+            _full(ranks, "full_B.pt"),
+        )
+        == []
+    )
 
 
 def test_a_joined_rank_that_fails_leaves_no_receipt_and_no_files(ranks):

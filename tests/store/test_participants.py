@@ -304,3 +304,14 @@ def test_participant_names_are_plain_names(store):
         with pytest.raises(ValueError, match="participant name"):
             BundleStore.join(txn.handle(), bad)
     txn.abort()
+
+
+def test_an_aborted_participant_leaves_none_of_its_files(store):
+    txn = store.begin(2)
+    writer = BundleStore.join(txn.handle(), "rank0")
+    writer.write_bytes("policy/__0_0.distcp", shard(0))
+    writer.write_bytes("policy/__0_1.distcp", shard(1))
+    writer.abort()
+    assert store.backend.list_files(store.backend.data_root("step_2", txn.txid)).sizes == {}
+    txn.commit()  # the coordinator's commit sees nothing of it
+    assert sorted(store.open(2).manifest.files) == []

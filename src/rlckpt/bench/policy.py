@@ -16,6 +16,7 @@ state is compared bitwise with what was saved.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -186,7 +187,9 @@ def rank_main(rank: int, world_size: int, port: int, job: RankJob) -> None:
             json.dump(points, out)
 
 
-def _measure_destination(rank: int, world_size: int, mesh: Any, dest: DestinationJob, job: RankJob) -> list[dict[str, Any]]:
+def _measure_destination(
+    rank: int, world_size: int, mesh: Any, dest: DestinationJob, job: RankJob
+) -> list[dict[str, Any]]:
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -237,27 +240,42 @@ def _measure_destination(rank: int, world_size: int, mesh: Any, dest: Destinatio
         train_step(model, optim, width, seed=1)
         state = policy_state(model, optim)
         reference = flat_tensors(state) if job.verify else {}
-        local_bytes = torch.tensor([sum(t.numel() * t.element_size() for t in flat_tensors(state).values())], dtype=torch.int64)
+        local_bytes = torch.tensor(
+            [sum(t.numel() * t.element_size() for t in flat_tensors(state).values())], dtype=torch.int64
+        )
         dist.all_reduce(local_bytes)
-        point = {"size_mib": size, "state_bytes": int(local_bytes.item()), "width": width, "ranks": world_size,
-                 "destination": dest.destination, "measurements": []}
+        point: dict[str, Any] = {
+            "size_mib": size,
+            "state_bytes": int(local_bytes.item()),
+            "width": width,
+            "ranks": world_size,
+            "destination": dest.destination,
+            "measurements": [],
+        }
         for repeat in range(job.repeats):
             order = SYSTEMS if repeat % 2 == 0 else tuple(reversed(SYSTEMS))
             for system in order:
                 step += 1
-                save_s = _timed(lambda: save(system, state, step))  # noqa: B023 - called at once
+                save_s = _timed(functools.partial(save, system, state, step))
                 _zero(state)
-                load_s = _timed(lambda: load(system, state, step))  # noqa: B023
+                load_s = _timed(functools.partial(load, system, state, step))
                 ok = True
                 if job.verify:
-                    flags = torch.tensor([0 if bitwise_equal(flat_tensors(state), reference) == [] else 1], dtype=torch.int64)
+                    flags = torch.tensor(
+                        [0 if bitwise_equal(flat_tensors(state), reference) == [] else 1], dtype=torch.int64
+                    )
                     dist.all_reduce(flags)
                     ok = flags.item() == 0
                 remove(system, step)
-                point["measurements"].append({"system": system, "repeat": repeat, "save_s": save_s, "load_s": load_s, "verified": ok})
+                point["measurements"].append(
+                    {"system": system, "repeat": repeat, "save_s": save_s, "load_s": load_s, "verified": ok}
+                )
                 if rank == 0:
-                    print(f"  {dest.destination:<8} {world_size} ranks {size:>5g} MiB  {system:<6} save {save_s:6.2f} s  "
-                          f"load {load_s:6.2f} s  {'ok' if ok else 'MISMATCH'}", flush=True)
+                    print(
+                        f"  {dest.destination:<8} {world_size} ranks {size:>5g} MiB  {system:<6} save {save_s:6.2f} s  "
+                        f"load {load_s:6.2f} s  {'ok' if ok else 'MISMATCH'}",
+                        flush=True,
+                    )
         points.append(point)
         del model, optim, state, reference
     return points
@@ -266,17 +284,27 @@ def _measure_destination(rank: int, world_size: int, mesh: Any, dest: Destinatio
 # --- the driver ----------------------------------------------------------------------------------------
 
 
-def run_sweep(config: PolicyBenchConfig, destinations: list[Any], workdir: str,
-              on_points: Callable[[list[PointResult]], None] | None = None, timeout: float = 3600.0) -> list[PointResult]:
+def run_sweep(
+    config: PolicyBenchConfig,
+    destinations: list[Any],
+    workdir: str,
+    on_points: Callable[[list[PointResult]], None] | None = None,
+    timeout: float = 3600.0,
+) -> list[PointResult]:
     """One spawn per rank count; every destination, size and repeat inside it."""
     from rlckpt.testing.dcp_ranks import run_ranks
 
     results: list[PointResult] = []
     for ranks in config.ranks:
         job = RankJob(
-            destinations=[DestinationJob(d.name, d.run_url(f"policy-{ranks}r"), d.run_url(f"dcp-{ranks}r"), d.storage_options)
-                          for d in destinations],
-            sizes_mib=list(config.sizes_mib), repeats=config.repeats, verify=config.verify, thread_count=config.thread_count,
+            destinations=[
+                DestinationJob(d.name, d.run_url(f"policy-{ranks}r"), d.run_url(f"dcp-{ranks}r"), d.storage_options)
+                for d in destinations
+            ],
+            sizes_mib=list(config.sizes_mib),
+            repeats=config.repeats,
+            verify=config.verify,
+            thread_count=config.thread_count,
             out_path=os.path.join(workdir, f"policy-{ranks}r.json"),
         )
         run_ranks(rank_main, ranks, job, timeout=timeout)
@@ -304,12 +332,16 @@ def evaluate_targets(points: list[PointResult]) -> list[TargetCheck]:
     for p in points:
         for op in ("save", "load"):
             ratio = p.ratio(op)
-            checks.append(TargetCheck(
-                target=f"{op} <= {p.target:.2f}x DCP",
-                where=f"{p.destination}, {p.ranks} ranks, {p.size_mib:g} MiB",
-                ratio=ratio, limit=p.target, met=ratio <= p.target,
-                detail=f"rlckpt {p.median('rlckpt', op):.2f} s vs DCP {p.median('dcp', op):.2f} s",
-            ))
+            checks.append(
+                TargetCheck(
+                    target=f"{op} <= {p.target:.2f}x DCP",
+                    where=f"{p.destination}, {p.ranks} ranks, {p.size_mib:g} MiB",
+                    ratio=ratio,
+                    limit=p.target,
+                    met=ratio <= p.target,
+                    detail=f"rlckpt {p.median('rlckpt', op):.2f} s vs DCP {p.median('dcp', op):.2f} s",
+                )
+            )
     return checks
 
 
@@ -319,9 +351,13 @@ def result_document(points: list[PointResult], config: PolicyBenchConfig, meta: 
         "config": asdict(config),
         "meta": meta,
         "points": [
-            {**asdict(p), **{f"{s}_{op}_median_s": p.median(s, op) for s in SYSTEMS for op in ("save", "load")},
-             "save_ratio": p.ratio("save"), "load_ratio": p.ratio("load"),
-             **{f"{s}_{op}_mib_s": p.mib_per_s(s, op) for s in SYSTEMS for op in ("save", "load")}}
+            {
+                **asdict(p),
+                **{f"{s}_{op}_median_s": p.median(s, op) for s in SYSTEMS for op in ("save", "load")},
+                "save_ratio": p.ratio("save"),
+                "load_ratio": p.ratio("load"),
+                **{f"{s}_{op}_mib_s": p.mib_per_s(s, op) for s in SYSTEMS for op in ("save", "load")},
+            }
             for p in points
         ],
         "targets": [asdict(c) for c in evaluate_targets(points)],
@@ -330,7 +366,13 @@ def result_document(points: list[PointResult], config: PolicyBenchConfig, meta: 
 
 def points_from_document(document: dict[str, Any]) -> list[PointResult]:
     return [
-        PointResult(p["size_mib"], p["state_bytes"], p["width"], p["ranks"], p["destination"],
-                    [Measurement(**m) for m in p["measurements"]])
+        PointResult(
+            p["size_mib"],
+            p["state_bytes"],
+            p["width"],
+            p["ranks"],
+            p["destination"],
+            [Measurement(**m) for m in p["measurements"]],
+        )
         for p in document["points"]
     ]

@@ -22,10 +22,12 @@ def policy_table(points: Sequence[PointResult]) -> str:
         n = len(p.times("rlckpt", "save"))
         lines.append(
             f"| {p.destination} | {p.ranks} | {p.state_bytes / MiB:.0f} MiB | {p.median('rlckpt', 'save'):.2f} s | "
-            f"{p.median('dcp', 'save'):.2f} s | {_ratio(p.ratio('save'), p.target)} | {p.median('rlckpt', 'load'):.2f} s | "
-            f"{p.median('dcp', 'load'):.2f} s | {_ratio(p.ratio('load'), p.target)} | "
+            f"{p.median('dcp', 'save'):.2f} s | {_ratio(p.ratio('save'), p.target)} | "
+            f"{p.median('rlckpt', 'load'):.2f} s | {p.median('dcp', 'load'):.2f} s | "
+            f"{_ratio(p.ratio('load'), p.target)} | "
             f"{p.mib_per_s('rlckpt', 'save'):.0f} / {p.mib_per_s('dcp', 'save'):.0f} | "
-            f"{p.mib_per_s('rlckpt', 'load'):.0f} / {p.mib_per_s('dcp', 'load'):.0f} | {'yes' if verified else '**NO**'} | {n} |"
+            f"{p.mib_per_s('rlckpt', 'load'):.0f} / {p.mib_per_s('dcp', 'load'):.0f} | "
+            f"{'yes' if verified else '**NO**'} | {n} |"
         )
     return header + "\n".join(lines) + "\n"
 
@@ -44,7 +46,9 @@ def targets_summary(checks: Sequence[TargetCheck]) -> str:
     for (dest, target), items in sorted(groups.items()):
         worst = max(items, key=lambda c: c.ratio)
         met = sum(c.met for c in items)
-        lines.append(f"| {dest} | {target} | {met} / {len(items)} | {worst.ratio:.2f}× ({worst.where.split(', ', 1)[1]}) |")
+        lines.append(
+            f"| {dest} | {target} | {met} / {len(items)} | {worst.ratio:.2f}× ({worst.where.split(', ', 1)[1]}) |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -58,9 +62,15 @@ def policy_plot(points: Sequence[PointResult], path: Path) -> Path:
 
     destinations = sorted({p.destination for p in points})
     sizes = sorted({p.size_mib for p in points})
-    fig, axes = plt.subplots(len(sizes), len(destinations), figsize=(4.2 * len(destinations), 3.4 * len(sizes)), squeeze=False)
-    style = {("rlckpt", "save"): ("C0", "-", "o"), ("dcp", "save"): ("C0", "--", "s"),
-             ("rlckpt", "load"): ("C1", "-", "o"), ("dcp", "load"): ("C1", "--", "s")}
+    fig, axes = plt.subplots(
+        len(sizes), len(destinations), figsize=(4.2 * len(destinations), 3.4 * len(sizes)), squeeze=False
+    )
+    style = {
+        ("rlckpt", "save"): ("C0", "-", "o"),
+        ("dcp", "save"): ("C0", "--", "s"),
+        ("rlckpt", "load"): ("C1", "-", "o"),
+        ("dcp", "load"): ("C1", "--", "s"),
+    }
     for row, size in enumerate(sizes):
         for col, dest in enumerate(destinations):
             ax = axes[row][col]
@@ -70,7 +80,9 @@ def policy_plot(points: Sequence[PointResult], path: Path) -> Path:
                 for system in SYSTEMS:
                     color, line, marker = style[(system, op)]
                     label = f"{'rlckpt' if system == 'rlckpt' else 'DCP'} {op}"
-                    ax.plot(ranks, [p.mib_per_s(system, op) for p in series], line, color=color, marker=marker, label=label)
+                    ax.plot(
+                        ranks, [p.mib_per_s(system, op) for p in series], line, color=color, marker=marker, label=label
+                    )
             ax.set_xticks(ranks)
             ax.set_title(f"{dest}, {size:g} MiB state")
             ax.set_xlabel("ranks")

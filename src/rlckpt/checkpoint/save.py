@@ -39,8 +39,7 @@ from rlckpt.dataplane.snapshot_metadata import update_snapshot_metadata
 from rlckpt.dataplane.threads import run_blocking
 from rlckpt.errors import CheckpointError
 from rlckpt.replay import GroupRecord, IndexCapture, ReplayBuffer
-from rlckpt.store import BundleStore, BundleTransaction, Receipt
-from rlckpt.store.manifest import sha256_hex
+from rlckpt.store import BundleStore, BundleTransaction, Receipt, sha256_hex
 
 logger = logging.getLogger(__name__)
 

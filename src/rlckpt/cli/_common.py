@@ -100,8 +100,7 @@ def open_store(args: argparse.Namespace) -> BundleStore:
     On S3 the CLI gives up sooner than a training run (`open_location(fail_fast=True)`: 3 attempts,
     3 s connect timeout, unless the user set them): someone is waiting at a terminal, and a retry is
     one command away."""
-    from rlckpt.store import BundleStore
-    from rlckpt.store.location import open_location
+    from rlckpt.store import BundleStore, open_location
 
     fs, _root = open_location(args.url, args.storage_options, fail_fast=True)
     return BundleStore(args.url, storage_options=args.storage_options, fs=fs)

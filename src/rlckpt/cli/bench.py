@@ -69,7 +69,9 @@ examples:
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "bench",
-        help="benchmarks: barrier-window stall (barrier), end-to-end save/restore (save), sharded policy vs DCP (policy)",
+        help=(
+            "benchmarks: barrier-window stall (barrier), end-to-end save/restore (save), sharded policy vs DCP (policy)"
+        ),
         description="Checkpoint benchmarks on a private local Ray + TransferQueue; results go to --out-dir.",
     )
     sub = parser.add_subparsers(
@@ -188,25 +190,76 @@ def _add_save(sub: Any) -> None:
 
 
 def _add_policy(sub: Any) -> None:
-    p = sub.add_parser("policy", help="sharded policy (FSDP2 + AdamW) save/load: rlckpt.dcp vs DCP's own writer and reader",
-                       description="Save and load a sharded model + AdamW state through rlckpt.dcp and through DCP's own writer/reader, on the same state in the same run.",
-                       epilog=POLICY_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sizes", type=_float_csv, default=[64.0, 256.0], metavar="MIB,...", help="state sizes (model + AdamW) in MiB (default 64,256)")
+    p = sub.add_parser(
+        "policy",
+        help="sharded policy (FSDP2 + AdamW) save/load: rlckpt.dcp vs DCP's own writer and reader",
+        description=(
+            "Save and load a sharded model + AdamW state through rlckpt.dcp and through DCP's own "
+            "writer/reader, on the same state in the same run."
+        ),
+        epilog=POLICY_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--sizes",
+        type=_float_csv,
+        default=[64.0, 256.0],
+        metavar="MIB,...",
+        help="state sizes (model + AdamW) in MiB (default 64,256)",
+    )
     p.add_argument("--ranks", type=_int_csv, default=[1, 2, 4], metavar="N,...", help="rank counts (default 1,2,4)")
-    p.add_argument("--destinations", type=_csv, default=["local", "moto"], metavar="LIST",
-                   help="comma list of: local (scratch dir on disk), moto (S3 on a moto server on loopback), rgw (needs --rgw-endpoint); default local,moto")
-    p.add_argument("--rgw-endpoint", metavar="URL", default=None, help="S3 endpoint of a Ceph RGW (scripts/rgw.sh start); implies rgw")
-    p.add_argument("--rgw-key", default="testing", metavar="KEY", help="access key for --rgw-endpoint (default testing)")
-    p.add_argument("--rgw-secret", default="testing", metavar="SECRET", help="secret key for --rgw-endpoint (default testing)")
-    p.add_argument("--repeats", type=int, default=3, metavar="N", help="save+load repetitions of each system per point (default 3)")
-    p.add_argument("--scratch-dir", default=None, metavar="DIR", help="where the local destination lives (default: system temp dir)")
-    p.add_argument("--thread-count", type=int, default=1, metavar="N",
-                   help="writer threads per rank, the same for both systems (DCP's FileSystemWriter default: 1)")
+    p.add_argument(
+        "--destinations",
+        type=_csv,
+        default=["local", "moto"],
+        metavar="LIST",
+        help=(
+            "comma list of: local (scratch dir on disk), moto (S3 on a moto server on loopback), "
+            "rgw (needs --rgw-endpoint); default local,moto"
+        ),
+    )
+    p.add_argument(
+        "--rgw-endpoint",
+        metavar="URL",
+        default=None,
+        help="S3 endpoint of a Ceph RGW (scripts/rgw.sh start); implies rgw",
+    )
+    p.add_argument(
+        "--rgw-key", default="testing", metavar="KEY", help="access key for --rgw-endpoint (default testing)"
+    )
+    p.add_argument(
+        "--rgw-secret", default="testing", metavar="SECRET", help="secret key for --rgw-endpoint (default testing)"
+    )
+    p.add_argument(
+        "--repeats", type=int, default=3, metavar="N", help="save+load repetitions of each system per point (default 3)"
+    )
+    p.add_argument(
+        "--scratch-dir",
+        default=None,
+        metavar="DIR",
+        help="where the local destination lives (default: system temp dir)",
+    )
+    p.add_argument(
+        "--thread-count",
+        type=int,
+        default=1,
+        metavar="N",
+        help="writer threads per rank, the same for both systems (DCP's FileSystemWriter default: 1)",
+    )
     p.add_argument("--no-verify", action="store_true", help="skip the bitwise check of every load")
     p.add_argument("--quick", action="store_true", help="tiny run for a smoke test: 2 MiB, 1 and 2 ranks, 1 repeat")
-    p.add_argument("--out", default=f"{DEFAULT_OUT_DIR}/policy_bench.json", metavar="JSON",
-                   help=f"results JSON; the .md and .png go beside it (default {DEFAULT_OUT_DIR}/policy_bench.json)")
-    p.add_argument("--replot", metavar="JSON", default=None, help="measure nothing: redraw the table and plot from an earlier results JSON")
+    p.add_argument(
+        "--out",
+        default=f"{DEFAULT_OUT_DIR}/policy_bench.json",
+        metavar="JSON",
+        help=f"results JSON; the .md and .png go beside it (default {DEFAULT_OUT_DIR}/policy_bench.json)",
+    )
+    p.add_argument(
+        "--replot",
+        metavar="JSON",
+        default=None,
+        help="measure nothing: redraw the table and plot from an earlier results JSON",
+    )
     _common.add_verbose_argument(p)
     p.set_defaults(func=run_policy)
 
@@ -393,7 +446,13 @@ def run_policy(args: argparse.Namespace) -> int:
     import tempfile
 
     from rlckpt.bench.harness import destinations, run_metadata
-    from rlckpt.bench.policy import PolicyBenchConfig, evaluate_targets, points_from_document, result_document, run_sweep
+    from rlckpt.bench.policy import (
+        PolicyBenchConfig,
+        evaluate_targets,
+        points_from_document,
+        result_document,
+        run_sweep,
+    )
     from rlckpt.bench.policy_report import policy_plot, policy_table, targets_summary
     from rlckpt.bench.report import write_json
 
@@ -409,29 +468,52 @@ def run_policy(args: argparse.Namespace) -> int:
         if "rgw" in names and not args.rgw_endpoint:
             raise SystemExit("rlckpt bench policy: destination rgw needs --rgw-endpoint URL (scripts/rgw.sh start)")
         config = PolicyBenchConfig(
-            sizes_mib=[2.0] if args.quick else args.sizes, ranks=[1, 2] if args.quick else args.ranks,
-            repeats=1 if args.quick else args.repeats, verify=not args.no_verify, thread_count=args.thread_count,
+            sizes_mib=[2.0] if args.quick else args.sizes,
+            ranks=[1, 2] if args.quick else args.ranks,
+            repeats=1 if args.quick else args.repeats,
+            verify=not args.no_verify,
+            thread_count=args.thread_count,
         )
         meta = run_metadata(_command_line())
         harness_names = [{"local": "local", "moto": "s3"}[n] for n in ("local", "moto") if n in names]
-        with destinations(harness_names, scratch_root=args.scratch_dir, rgw_endpoint=args.rgw_endpoint if "rgw" in names else None,
-                          rgw_key=args.rgw_key, rgw_secret=args.rgw_secret) as dests:
-            print(f"rlckpt bench policy: {', '.join(d.name for d in dests.destinations)} x {config.ranks} ranks x {config.sizes_mib} MiB",
-                  file=sys.stderr)
-            points = run_sweep(config, dests.destinations, tempfile.mkdtemp(prefix="rlckpt-policy-bench-", dir=dests.scratch))
+        with destinations(
+            harness_names,
+            scratch_root=args.scratch_dir,
+            rgw_endpoint=args.rgw_endpoint if "rgw" in names else None,
+            rgw_key=args.rgw_key,
+            rgw_secret=args.rgw_secret,
+        ) as dests:
+            print(
+                f"rlckpt bench policy: {', '.join(d.name for d in dests.destinations)} x {config.ranks} ranks "
+                f"x {config.sizes_mib} MiB",
+                file=sys.stderr,
+            )
+            points = run_sweep(
+                config, dests.destinations, tempfile.mkdtemp(prefix="rlckpt-policy-bench-", dir=dests.scratch)
+            )
         write_json(out, result_document(points, config, meta))
-    config_doc = json.loads(Path(args.replot).read_text())["config"] if args.replot else {"thread_count": args.thread_count, "repeats": args.repeats}
+    config_doc = (
+        json.loads(Path(args.replot).read_text())["config"]
+        if args.replot
+        else {"thread_count": args.thread_count, "repeats": args.repeats}
+    )
     settings = (
-        f"Medians of {config_doc.get('repeats')} repeats; writer threads per rank: {config_doc.get('thread_count', 1)} for both. "
+        f"Medians of {config_doc.get('repeats')} repeats; "
+        f"writer threads per rank: {config_doc.get('thread_count', 1)} for both. "
         "rlckpt: standalone BundleStorageWriter/BundleStorageReader (fsync + sha256 of every file, commit). "
         "DCP: FileSystemWriter (sync_files=True) / FileSystemReader on local disk, FsspecWriter (sync_files=False) / "
         "FsspecReader on S3. Ratio = rlckpt / DCP (below 1: rlckpt faster); **bold** misses the target.\n\n"
     )
     markdown = (
-        settings + policy_table(points) + "\nTargets (rlckpt's median time over DCP's, every point):\n\n" + targets_summary(evaluate_targets(points))
+        settings
+        + policy_table(points)
+        + "\nTargets (rlckpt's median time over DCP's, every point):\n\n"
+        + targets_summary(evaluate_targets(points))
     )
-    out.with_suffix(".md").write_text(f"Command: `{meta['command']}` ({meta['date_utc']}, commit {meta.get('git_commit')}, "
-                                      f"load average at start {meta.get('load_average_1m', 0):.1f})\n\n" + markdown)
+    out.with_suffix(".md").write_text(
+        f"Command: `{meta['command']}` ({meta['date_utc']}, commit {meta.get('git_commit')}, "
+        f"load average at start {meta.get('load_average_1m', 0):.1f})\n\n" + markdown
+    )
     policy_plot(points, out.with_suffix(".png"))
     print(markdown)
     print(f"wrote {out}, {out.with_suffix('.md')}, {out.with_suffix('.png')}", file=sys.stderr)

@@ -85,7 +85,7 @@ def unexpected_error(exc: Exception, args: argparse.Namespace) -> RlckptError | 
     url = getattr(args, "url", None) or getattr(args, "run_dir", None)
     if url is None:
         return None
-    from rlckpt.store.storage_errors import as_store_error
+    from rlckpt.store import as_store_error
 
     return as_store_error(exc, url, f"running {args.command}")
 

@@ -97,7 +97,7 @@ def _missing_or_uncommitted(store: Any, step: int) -> str:
 
 def verify_step(store: Any, step: int, progress: bool | None) -> VerifyResult:
     """Open and fully verify one step, turning the store's refusals into a verdict."""
-    from rlckpt.store.storage_errors import unavailable_as_store_error
+    from rlckpt.store import unavailable_as_store_error
 
     try:
         bundle = store.open(step)

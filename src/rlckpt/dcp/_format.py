@@ -35,10 +35,20 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 
+from rlckpt.store import WRITE_BLOCK_SIZE
+
 METADATA_NAME: str = _metadata_fn  # ".metadata"
 DEFAULT_PREFIX = "policy"  # where a bundle keeps the policy checkpoint (docs/architecture.md)
 
-__all__ = ["DEFAULT_MAX_SHARD_BYTES", "DEFAULT_PREFIX", "METADATA_NAME", "metadata_bytes", "shard_name", "shard_plan", "write_shards"]
+__all__ = [
+    "DEFAULT_MAX_SHARD_BYTES",
+    "DEFAULT_PREFIX",
+    "METADATA_NAME",
+    "metadata_bytes",
+    "shard_name",
+    "shard_plan",
+    "write_shards",
+]
 
 
 def shard_name(rank_prefix: str, n: int) -> str:
@@ -110,13 +120,16 @@ SMALL_ITEM_BYTES = 64 << 10
 # A shard file holds items up to about this many bytes (an item that is larger gets a file of its own).
 # A reader fetches and digest-checks each file whole before torch reads it, so smaller files let the next
 # file's fetch and digest overlap loading the current one, and keep the reader's spool to a few files
-# rather than a rank's whole share. Below 16 MiB, the store's S3 write block, a file also goes out as
-# one PUT rather than a multipart upload (three requests more; on moto about twice the time per byte).
-DEFAULT_MAX_SHARD_BYTES = 15 << 20
+# rather than a rank's whole share. Below the store's S3 write block, a file also goes out as one PUT
+# rather than a multipart upload (three requests more; on moto about twice the time per byte).
+DEFAULT_MAX_SHARD_BYTES = WRITE_BLOCK_SIZE - (1 << 20)
 
 
 def shard_plan(
-    rank_prefix: str, items: list[WriteItem], thread_count: int = 1, max_shard_bytes: int | None = DEFAULT_MAX_SHARD_BYTES
+    rank_prefix: str,
+    items: list[WriteItem],
+    thread_count: int = 1,
+    max_shard_bytes: int | None = DEFAULT_MAX_SHARD_BYTES,
 ) -> list[tuple[str, list[WriteItem]]]:
     """How one rank's items go into files, named as DCP names them (`__{rank}_{n}.distcp`).
 
@@ -179,10 +192,17 @@ def write_shards(
             # off: without a fileno() it would fall back to a machine-wide os.sync(); the store fsyncs
             # each file itself on local disk when it is closed.
             _write_files_from_queue(  # private DCP helper, see the module docstring
-                create_stream, file_queue, result_queue, planner, _StorageWriterTransforms(),
-                per_thread_copy_ahead, False, thread_count, SerializationFormat.TORCH_SAVE,
+                create_stream,
+                file_queue,
+                result_queue,
+                planner,
+                _StorageWriterTransforms(),
+                per_thread_copy_ahead,
+                False,
+                thread_count,
+                SerializationFormat.TORCH_SAVE,
             )
-        except BaseException as exc:  # noqa: BLE001 - re-raised below, after every thread stopped
+        except BaseException as exc:
             failures.append(exc)
             with contextlib.suppress(queue.Empty):  # the other threads need not write what will be thrown away
                 while True:

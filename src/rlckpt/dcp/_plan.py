@@ -41,7 +41,9 @@ class BundleRef:
 
 def receipt_result(receipt: Receipt) -> WriteResult:
     """A WriteResult that carries `receipt` (as plain JSON data) to the coordinator's finish()."""
-    return WriteResult(index=MetadataIndex(f"{RECEIPT_FQN}/{receipt.participant}"), size_in_bytes=0, storage_data=receipt.to_json())
+    return WriteResult(
+        index=MetadataIndex(f"{RECEIPT_FQN}/{receipt.participant}"), size_in_bytes=0, storage_data=receipt.to_json()
+    )
 
 
 def split_receipts(results: Sequence[Sequence[WriteResult]]) -> tuple[list[WriteResult], list[Receipt]]:

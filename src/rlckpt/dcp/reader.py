@@ -25,12 +25,10 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 
 from rlckpt.errors import CorruptBundleError, ShardedCheckpointError, UncommittedBundleError
-from rlckpt.store import Bundle, BundleStore
-from rlckpt.store.paths import join_relpath, validate_relpath
+from rlckpt.store import Bundle, BundleStore, join_relpath, validate_relpath
 
 from ._format import DEFAULT_PREFIX, METADATA_NAME
 from ._plan import BundleRef
-
 
 # A shard file up to this size is fetched into memory (one read, digest-checked, no disk copy); a
 # larger one is copied to the spool dir and checked there. rlckpt's writer keeps its files far below it
@@ -49,7 +47,9 @@ class _Prefetch:
         self.bundle = bundle
         self.spool_dir = spool_dir
         self._dir: str | None = None
-        self._pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(relpaths) or 1)), thread_name_prefix="rlckpt-dcp-fetch")
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(1, min(workers, len(relpaths) or 1)), thread_name_prefix="rlckpt-dcp-fetch"
+        )
         self._order = list(relpaths)
         self._window = max(1, workers) + 1
         self._next = 0
@@ -70,7 +70,8 @@ class _Prefetch:
             entry = self.bundle.manifest.files[relpath]
         except KeyError:
             raise CorruptBundleError(
-                f"step {self.bundle.step} at {self.bundle.url}: its DCP metadata names {relpath}, which the bundle does not hold"
+                f"step {self.bundle.step} at {self.bundle.url}: its DCP metadata names {relpath}, "
+                "which the bundle does not hold"
             ) from None
         if entry.logical_size <= IN_MEMORY_MAX:
             return io.BytesIO(self.bundle.read_bytes(relpath))
@@ -122,7 +123,9 @@ class _BundleFiles(FileSystemBase):
     @contextlib.contextmanager
     def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
         if mode != "rb":
-            raise ShardedCheckpointError(f"step {self.bundle.step} at {self.bundle.url} is committed and read-only (mode {mode!r})")
+            raise ShardedCheckpointError(
+                f"step {self.bundle.step} at {self.bundle.url} is committed and read-only (mode {mode!r})"
+            )
         if self.prefetch is None:
             raise ShardedCheckpointError("shard files are read only inside BundleStorageReader.read_data")
         with self.prefetch.take(os.fspath(path)) as stream:
@@ -217,7 +220,9 @@ class BundleStorageReader(FileSystemReader):
                 f"(no {self._metadata_relpath}); files: {bundle.files_under(self.prefix)[:5]}"
             ) from None
         self.bundle = bundle
-        self.fs = _BundleFiles(bundle)
+        self._files = _BundleFiles(bundle)
+        # DCP types its reader's fs as its own FileSystem; its read loop only uses the FileSystemBase API
+        self.fs = self._files  # type: ignore[assignment]
         self.path = self.prefix
 
     @property
@@ -235,11 +240,15 @@ class BundleStorageReader(FileSystemReader):
         if checkpoint_id is None:
             return
         if self._store is None:
-            raise ShardedCheckpointError("a BundleStorageReader made from a Bundle reads that bundle only; do not pass checkpoint_id")
+            raise ShardedCheckpointError(
+                "a BundleStorageReader made from a Bundle reads that bundle only; do not pass checkpoint_id"
+            )
         try:
             step = int(checkpoint_id if isinstance(checkpoint_id, int) else os.fspath(checkpoint_id))
         except (TypeError, ValueError):
-            raise ShardedCheckpointError(f"checkpoint_id of a BundleStorageReader is a step, got {checkpoint_id!r}") from None
+            raise ShardedCheckpointError(
+                f"checkpoint_id of a BundleStorageReader is a step, got {checkpoint_id!r}"
+            ) from None
         self._use(self._open(step))
 
     @classmethod
@@ -249,10 +258,12 @@ class BundleStorageReader(FileSystemReader):
     def read_metadata(self) -> Metadata:  # no **kwargs: DCP must not fall back to rank-local metadata
         metadata = pickle.loads(self._metadata_bytes)  # bytes whose sha256 the manifest vouched for
         if not isinstance(metadata, Metadata):
-            raise CorruptBundleError(f"step {self.bundle.step} at {self.bundle.url}: {self._metadata_relpath} is not DCP metadata")
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+            raise CorruptBundleError(
+                f"step {self.bundle.step} at {self.bundle.url}: {self._metadata_relpath} is not DCP metadata"
+            )
+        storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
+        storage_meta.load_id = self.load_id
+        metadata.storage_meta = storage_meta
         return metadata
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
@@ -266,18 +277,24 @@ class BundleStorageReader(FileSystemReader):
         if len(refs) > 1:
             seen = ", ".join(sorted(f"step {r.step} (txid {r.txid})" for r in refs if isinstance(r, BundleRef)))
             raise ShardedCheckpointError(
-                f"ranks opened different bundles ({seen}): a save committed while the load started; pass an explicit step"
+                f"ranks opened different bundles ({seen}): a save committed while the load started; "
+                "pass an explicit step"
             )
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Any:
         """DCP's own read loop (FileSystemReader.read_data) over checked local copies of the shard files,
         which are fetched ahead, a few at a time, in the order the loop will want them."""
-        needed = list(dict.fromkeys(self.fs.concat_path(self.path, self.storage_data[item.storage_index].relative_path) for item in plan.items))
+        needed = list(
+            dict.fromkeys(
+                os.fspath(self.fs.concat_path(self.path, self.storage_data[item.storage_index].relative_path))
+                for item in plan.items
+            )
+        )
         prefetch = _Prefetch(self.bundle, needed, self.fetch_workers, self.spool_dir)
-        self.fs.prefetch = prefetch
+        self._files.prefetch = prefetch
         try:
             return super().read_data(plan, planner)
         finally:
-            self.fs.prefetch = None
+            self._files.prefetch = None
             prefetch.close()

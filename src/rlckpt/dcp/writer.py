@@ -15,7 +15,6 @@ nothing is written in place over an older checkpoint. The coordinator's `finish(
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -30,8 +29,16 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from rlckpt.errors import ShardedCheckpointError
-from rlckpt.store import BundleStore, BundleTransaction, Manifest, ParticipantWriter, Receipt, TransactionHandle
-from rlckpt.store.paths import join_relpath, step_dirname, validate_step
+from rlckpt.store import (
+    BundleStore,
+    BundleTransaction,
+    Manifest,
+    ParticipantWriter,
+    Receipt,
+    TransactionHandle,
+    join_relpath,
+    validate_step,
+)
 
 from ._format import DEFAULT_MAX_SHARD_BYTES, DEFAULT_PREFIX, METADATA_NAME, metadata_bytes, shard_plan, write_shards
 from ._plan import RankPlan, receipt_result, split_receipts
@@ -39,27 +46,12 @@ from ._plan import RankPlan, receipt_result, split_receipts
 log = logging.getLogger(__name__)
 
 
-def _abort_participant(part: ParticipantWriter) -> None:
-    """Abort this rank's participant writer and make sure its files are gone.
-
-    Work-around of a store bug (reported; remove once fixed): on S3, ParticipantWriter.abort() removes
-    nothing, because S3Backend.remove_tree(<file>) lists only keys under `<file>/`, never the object
-    `<file>` itself. So each file the participant wrote is removed here by name as well (a no-op on
-    local disk, where abort() already removed it, and on S3 once the store's fix lands)."""
-    written = sorted(part.files)
-    part.abort()
-    root = part.backend.data_root(step_dirname(part.step), part.txid)
-    for rel in written:
-        with contextlib.suppress(FileNotFoundError):
-            part.backend.remove_file(f"{root}/{rel}")
-
-
 def _abort_left_open(txn: BundleTransaction) -> None:
     """Finalizer of a standalone writer whose save failed on another rank: DCP then never calls the
     coordinator's writer again, so the transaction it began is aborted when the writer goes away."""
     try:
         txn.abort()
-    except Exception:  # noqa: BLE001 - a finalizer cannot raise; gc removes what is left
+    except Exception:
         log.warning("aborting the transaction of step %s left by a failed dcp.save failed", txn.step, exc_info=True)
 
 
@@ -119,18 +111,24 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
         self._storage_options: dict[str, Any]
         if isinstance(target, TransactionHandle):
             if participant is None:
-                raise ShardedCheckpointError("a BundleStorageWriter joining a transaction needs participant=<name of this rank>")
+                raise ShardedCheckpointError(
+                    "a BundleStorageWriter joining a transaction needs participant=<name of this rank>"
+                )
             if step is not None and step != target.step:
                 raise ShardedCheckpointError(f"step={step} contradicts the handle, which is of step {target.step}")
             if metadata:
-                raise ShardedCheckpointError("metadata= belongs to the caller's txn.commit() when joining a transaction")
+                raise ShardedCheckpointError(
+                    "metadata= belongs to the caller's txn.commit() when joining a transaction"
+                )
             self._handle = target
             self._url, self._storage_options = target.url, dict(target.storage_options)
             self.participant: str | None = participant
             self._step: int | None = target.step
         else:
             if participant is not None:
-                raise ShardedCheckpointError("participant= is only for joining a transaction (standalone ranks are rank0..rankN-1)")
+                raise ShardedCheckpointError(
+                    "participant= is only for joining a transaction (standalone ranks are rank0..rankN-1)"
+                )
             if isinstance(target, BundleStore):
                 self._store = target
                 self._url, self._storage_options = target.url, dict(target.storage_options)
@@ -191,7 +189,7 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
         if finalizer is not None:
             finalizer.detach()
         if part is not None:
-            _abort_participant(part)
+            part.abort()
         if txn is not None:
             txn.abort()
 
@@ -217,13 +215,16 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
             return
         if self.joined:
             raise ShardedCheckpointError(
-                f"a joined BundleStorageWriter writes into step {self._step} of its transaction; do not pass checkpoint_id"
+                f"a joined BundleStorageWriter writes into step {self._step} of its transaction; "
+                "do not pass checkpoint_id"
             )
         text = os.fspath(checkpoint_id) if not isinstance(checkpoint_id, int) else checkpoint_id
         try:
             self._step = validate_step(int(text))
         except (TypeError, ValueError):
-            raise ShardedCheckpointError(f"checkpoint_id of a standalone BundleStorageWriter is a step, got {checkpoint_id!r}") from None
+            raise ShardedCheckpointError(
+                f"checkpoint_id of a standalone BundleStorageWriter is a step, got {checkpoint_id!r}"
+            ) from None
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
@@ -234,17 +235,24 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         if not kwargs.get("use_collectives", True):
-            raise ShardedCheckpointError("dcp.save(use_collectives=False) writes per-rank metadata with no coordinator; rlckpt.dcp needs one")
+            raise ShardedCheckpointError(
+                "dcp.save(use_collectives=False) writes per-rank metadata with no coordinator; rlckpt.dcp needs one"
+            )
         if self._txn is not None or self._part is not None:
-            log.warning("%s: the previous save through this writer did not finish; aborting what it left", self.checkpoint_id)
+            log.warning(
+                "%s: the previous save through this writer did not finish; aborting what it left", self.checkpoint_id
+            )
             self.abort()
         if self.joined and self._saves_begun:
+            txid = self._handle.txid if self._handle is not None else "?"
             raise ShardedCheckpointError(
-                f"participant {self.participant} already saved into transaction {self._handle.txid} of step {self._step}; "  # type: ignore[union-attr]
+                f"participant {self.participant} already saved into transaction {txid} of step {self._step}; "
                 "a joined BundleStorageWriter saves once (make a new one for the next transaction)"
             )
         if self._step is None:
-            raise ShardedCheckpointError(f"no step to save at {self._url}: pass step= or dcp.save(checkpoint_id=<step>)")
+            raise ShardedCheckpointError(
+                f"no step to save at {self._url}: pass step= or dcp.save(checkpoint_id=<step>)"
+            )
         self._new_save_state()
         self._saves_begun += 1
         self._is_coordinator = is_coordinator
@@ -263,7 +271,9 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
             self._finalizer = weakref.finalize(self, _abort_left_open, self._txn)
             step, txid = self._txn.step, self._txn.txid
         return [
-            dataclasses.replace(plan, storage_data=RankPlan(prefix=f"__{i}_", participant=f"rank{i}", step=step, txid=txid))
+            dataclasses.replace(
+                plan, storage_data=RankPlan(prefix=f"__{i}_", participant=f"rank{i}", step=step, txid=txid)
+            )
             for i, plan in enumerate(plans)
         ]
 
@@ -279,7 +289,9 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
             results = write_shards(
                 lambda name: part.open(join_relpath(self.prefix, name)),
                 shard_plan(rank_plan.prefix, plan.items, self.thread_count, self.max_shard_bytes),
-                planner, self.thread_count, self.per_thread_copy_ahead,
+                planner,
+                self.thread_count,
+                self.per_thread_copy_ahead,
             )
             if not self.joined:
                 results.append(receipt_result(self._seal()))
@@ -298,8 +310,8 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
             return self._part
         if rank_plan.step != self._step:
             raise ShardedCheckpointError(
-                f"rank {self._rank} was asked to write step {rank_plan.step} into {self._url}, but saves step {self._step}: "
-                "every rank's writer must name the same step"
+                f"rank {self._rank} was asked to write step {rank_plan.step} into {self._url}, "
+                f"but saves step {self._step}: every rank's writer must name the same step"
             )
         store = self._standalone_store()
         handle = TransactionHandle(self._url, self._storage_options, rank_plan.step, rank_plan.txid)  # type: ignore[arg-type]
@@ -327,8 +339,13 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
                 assert self._txn is not None, "prepare_global_plan began the transaction"
                 self._txn.write_bytes(relpath, data)
                 world = len(results)
-                meta = {**self.user_metadata, "dcp": {"prefix": self.prefix, "world_size": world, "version": metadata.version}}
-                self._manifest = self._txn.commit(meta, receipts=receipts, participants={f"rank{i}" for i in range(world)})
+                meta = {
+                    **self.user_metadata,
+                    "dcp": {"prefix": self.prefix, "world_size": world, "version": metadata.version},
+                }
+                self._manifest = self._txn.commit(
+                    meta, receipts=receipts, participants={f"rank{i}" for i in range(world)}
+                )
                 self._txn = None
                 if self._finalizer is not None:
                     self._finalizer.detach()
@@ -342,7 +359,7 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
         """This rank's part failed: its files go (and, on a standalone coordinator, the transaction)."""
         try:
             self.abort()
-        except Exception:  # noqa: BLE001 - the save's own error is the one to raise; gc removes the rest
+        except Exception:
             log.warning("%s: cleaning up after a failed save failed", self.checkpoint_id, exc_info=True)
 
     def _standalone_store(self) -> BundleStore:

@@ -28,6 +28,14 @@ READ_BLOCK_SIZE = 16 << 20
 SPOOL_MAX = 64 << 20
 
 
+def _spool(size: int) -> BinaryIO:
+    """A temp file for `size` bytes handed to the caller, who closes it: in memory when small, straight
+    on disk when larger than SPOOL_MAX (a spooled file would grow in memory first, then copy)."""
+    if size > SPOOL_MAX:
+        return tempfile.TemporaryFile()
+    return tempfile.SpooledTemporaryFile(max_size=SPOOL_MAX)  # type: ignore[return-value]
+
+
 class Bundle:
     """One committed step, opened by BundleStore.open (which ran the commit check)."""
 
@@ -117,21 +125,21 @@ class Bundle:
     def open(self, relpath: str) -> BinaryIO:
         """A readable stream of the logical bytes; the whole file is fetched and checked before it is returned."""
         entry = self._entry(relpath)
-        stored = tempfile.SpooledTemporaryFile(max_size=SPOOL_MAX)  # noqa: SIM115 - handed to the caller, who closes it
+        stored = _spool(entry.size)
         try:
             self._stream_stored(relpath, stored.write, None)
             stored.seek(0)
             if entry.compression != ZSTD:
-                return stored  # type: ignore[return-value]
-            logical = tempfile.SpooledTemporaryFile(max_size=SPOOL_MAX)  # noqa: SIM115 - handed to the caller
+                return stored
+            logical = _spool(entry.logical_size)
             try:
                 with stored:
-                    self._inflate(relpath, lambda: copy_decompressed(stored, logical, entry.logical_size))  # type: ignore[arg-type]
+                    self._inflate(relpath, lambda: copy_decompressed(stored, logical, entry.logical_size))
             except BaseException:
                 logical.close()
                 raise
             logical.seek(0)
-            return logical  # type: ignore[return-value]
+            return logical
         except BaseException:
             stored.close()
             raise

@@ -25,7 +25,9 @@ from rlckpt.testing.moto import free_port
 GROUP_TIMEOUT = timedelta(seconds=60)
 
 
-def _rank_main(fn: Callable[..., None], rank: int, world_size: int, port: int, args: tuple[Any, ...], errors: Any) -> None:
+def _rank_main(
+    fn: Callable[..., None], rank: int, world_size: int, port: int, args: tuple[Any, ...], errors: Any
+) -> None:
     try:
         fn(rank, world_size, port, *args)
     except BaseException:
@@ -34,7 +36,11 @@ def _rank_main(fn: Callable[..., None], rank: int, world_size: int, port: int, a
 
 
 def run_ranks(
-    fn: Callable[..., None], world_size: int, *args: Any, timeout: float = 300.0, expected_exits: dict[int, int] | None = None
+    fn: Callable[..., None],
+    world_size: int,
+    *args: Any,
+    timeout: float = 300.0,
+    expected_exits: dict[int, int] | None = None,
 ) -> dict[int, int]:
     """Run `fn(rank, world_size, port, *args)` in `world_size` spawned processes and wait for every one
     of them (unlike mp.spawn, a rank that dies does not get the others terminated while they still record
@@ -50,7 +56,10 @@ def run_ranks(
     ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()
     port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(fn, rank, world_size, port, args, errors), name=f"rank{rank}") for rank in range(world_size)]
+    procs = [
+        ctx.Process(target=_rank_main, args=(fn, rank, world_size, port, args, errors), name=f"rank{rank}")
+        for rank in range(world_size)
+    ]
     for proc in procs:
         proc.start()
     deadline = time.monotonic() + timeout
@@ -81,7 +90,9 @@ def process_group(rank: int, world_size: int, port: int) -> Iterator[Any]:
     from torch.distributed.device_mesh import init_device_mesh
 
     torch.set_num_threads(1)  # N ranks share 2 cores
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=GROUP_TIMEOUT)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=GROUP_TIMEOUT
+    )
     try:
         yield init_device_mesh("cpu", (world_size,))
     finally:
@@ -173,7 +184,11 @@ def bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> lis
     differ = sorted(set(a) ^ set(b))
     for key in sorted(set(a) & set(b)):
         x, y = a[key], b[key]
-        if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(x.view(-1).view(torch.uint8), y.view(-1).view(torch.uint8)):
+        if (
+            x.shape != y.shape
+            or x.dtype != y.dtype
+            or not torch.equal(x.view(-1).view(torch.uint8), y.view(-1).view(torch.uint8))
+        ):
             differ.append(key)
     return differ
 

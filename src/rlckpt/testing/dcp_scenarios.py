@@ -16,6 +16,7 @@ In order, on every rank (an FSDP2 MLP + AdamW, gloo on 127.0.0.1):
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import time
 import traceback
@@ -113,7 +114,7 @@ def _outcome(fn: Any) -> dict[str, Any]:
     start = time.monotonic()
     try:
         fn()
-    except BaseException as exc:  # noqa: BLE001 - recorded for the test to judge
+    except BaseException as exc:
         failures = getattr(exc, "failures", {}) or {}
         return {
             "raised": type(exc).__name__,
@@ -127,7 +128,9 @@ def _outcome(fn: Any) -> dict[str, Any]:
 
 def _dcp_writer(spec: ScenarioSpec) -> Any:
     if spec.dcp_dir.startswith("s3://"):
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter  # DCP's public S3 writer (module named _)
+        from torch.distributed.checkpoint._fsspec_filesystem import (
+            FsspecWriter,
+        )  # DCP's public S3 writer (module named _)
 
         return FsspecWriter(spec.dcp_dir, sync_files=False, **(spec.storage_options or {}))
     return dcp.FileSystemWriter(spec.dcp_dir)
@@ -135,7 +138,9 @@ def _dcp_writer(spec: ScenarioSpec) -> Any:
 
 def _dcp_reader(spec: ScenarioSpec) -> Any:
     if spec.dcp_dir.startswith("s3://"):
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader  # DCP's public S3 reader (module named _)
+        from torch.distributed.checkpoint._fsspec_filesystem import (
+            FsspecReader,
+        )  # DCP's public S3 reader (module named _)
 
         return FsspecReader(spec.dcp_dir, **(spec.storage_options or {}))
     return dcp.FileSystemReader(spec.dcp_dir)
@@ -163,7 +168,9 @@ def run(rank: int, world_size: int, port: int, spec: ScenarioSpec) -> None:
             torch.save(a_full, os.path.join(spec.workdir, "full_A.pt"))
 
         # 1. step 1, and DCP's own checkpoint of A
-        rec["save_1"] = _outcome(lambda: dcp.save(state, storage_writer=BundleStorageWriter(spec.url, step=1, storage_options=options)))
+        rec["save_1"] = _outcome(
+            lambda: dcp.save(state, storage_writer=BundleStorageWriter(spec.url, step=1, storage_options=options))
+        )
         rec["dcp_save_A"] = _outcome(lambda: dcp.save(state, storage_writer=_dcp_writer(spec)))
 
         # 2. state B; the same failure through rlckpt (step 2) and through DCP's writer (over A)
@@ -179,7 +186,9 @@ def run(rank: int, world_size: int, port: int, spec: ScenarioSpec) -> None:
                 dcp.save(state, storage_writer=writer, planner=FailingPlanner(1, "before_write"))
 
         rec["save_2_failing"] = _outcome(failing_save)
-        rec["dcp_save_B_failing"] = _outcome(lambda: dcp.save(state, storage_writer=_dcp_writer(spec), planner=FailingPlanner(1, "before_write")))
+        rec["dcp_save_B_failing"] = _outcome(
+            lambda: dcp.save(state, storage_writer=_dcp_writer(spec), planner=FailingPlanner(1, "before_write"))
+        )
 
         # 3. what each loads now
         loaded = _fresh(mesh, seed=40)
@@ -202,12 +211,18 @@ def run(rank: int, world_size: int, port: int, spec: ScenarioSpec) -> None:
 
         # 4. async_save of B as step 3
         def async_save_3() -> None:
-            future = dcp.async_save(state, storage_writer=BundleStorageWriter(spec.url, step=3, storage_options=options))
+            future = dcp.async_save(
+                state, storage_writer=BundleStorageWriter(spec.url, step=3, storage_options=options)
+            )
+            if not isinstance(future, concurrent.futures.Future):
+                raise TypeError(f"dcp.async_save returned {type(future).__name__}, expected a Future")
             future.result(timeout=120)
 
         rec["async_save_3"] = _outcome(async_save_3)
         loaded3 = _fresh(mesh, seed=60)
-        rec["load_3"] = _outcome(lambda: dcp.load(loaded3, storage_reader=BundleStorageReader(spec.url, step=3, storage_options=options)))
+        rec["load_3"] = _outcome(
+            lambda: dcp.load(loaded3, storage_reader=BundleStorageReader(spec.url, step=3, storage_options=options))
+        )
         rec["load_3_differs_from_B"] = bitwise_equal(flat_tensors(loaded3), b_local)
 
         # 5. joined: B into the caller's transaction

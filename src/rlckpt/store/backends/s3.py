@@ -47,9 +47,11 @@ class S3Backend(ObjectBackend):
         )
 
     def _find(self, path: str) -> dict[str, dict[str, Any]]:
+        """The object at `path` and every object under `path/`, in one LIST (no HEAD)."""
         if path == self.root:
             return super()._find(path)
-        return dict(self.fs.find(self.root, prefix=f"{self.rel(path)}/", detail=True))
+        found = self.fs.find(self.root, prefix=self.rel(path), detail=True)
+        return {full: info for full, info in found.items() if full == path or full.startswith(path + "/")}
 
     def incomplete_uploads(self) -> list[tuple[str, str]]:
         bucket, prefix, _ = self.fs.split_path(self.root)
