@@ -153,7 +153,7 @@ def test_upload_aborted_behind_the_writers_back_is_a_lost_write(s3_run_url, s3_s
     stream.write(b"x" * (16 << 20))  # exactly one block: its part is uploaded, nothing is buffered
     for key, upload_id in store.backend.incomplete_uploads():
         store.backend.abort_upload(key, upload_id)
-    with pytest.raises(LostWriteError, match="big.bin.*upload does not exist"):
+    with pytest.raises(LostWriteError, match="big.bin.*NoSuchUpload"):
         stream.close()  # completing the upload finds it gone: a clear error, not a raw FileNotFoundError
     txn.abort()
     assert store.steps() == []

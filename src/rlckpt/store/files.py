@@ -18,7 +18,7 @@ from .compression import DEFAULT_LEVEL, check_compression
 from .digest import HashingWriter
 from .manifest import FileEntry
 from .paths import join_relpath, step_dirname, validate_relpath
-from .storage_errors import unavailable_as_store_error
+from .storage_errors import describe_cause, unavailable_as_store_error
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +52,8 @@ class FileWriter:
                 yield
         except FileNotFoundError as exc:
             raise LostWriteError(
-                f"step {self.step} at {self.url}: {what}: {exc} (removed behind this {self.who}'s back, "
-                "e.g. an upload aborted by gc); nothing will be committed"
+                f"step {self.step} at {self.url}: {what}: {describe_cause(exc)} "
+                f"(removed behind this {self.who}'s back, e.g. an upload aborted by gc); nothing will be committed"
             ) from exc
 
     @property

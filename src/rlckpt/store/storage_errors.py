@@ -91,9 +91,28 @@ def is_unavailable(exc: BaseException) -> bool:
     return type(exc).__module__.split(".")[0] in _NETWORK_MODULES
 
 
+def service_error_code(exc: BaseException) -> str | None:
+    """The S3 error code (`NoSuchUpload`, `InvalidRange`, ...) somewhere in `exc`'s chain, if any.
+
+    s3fs translates botocore errors to OSError and keeps the message only when the server sent one;
+    Ceph RGW often does not, which leaves `[Errno 22] None` — the code is what says what happened."""
+    for item in _chain(exc):
+        response = getattr(item, "response", None)
+        if isinstance(response, dict):
+            code = response.get("Error", {}).get("Code")
+            if code:
+                return str(code)
+    return None
+
+
 def describe_cause(exc: BaseException) -> str:
-    """`Type: message` (an OSError's message includes its path, e.g. `[Errno 13] Permission denied: '/x'`)."""
-    return f"{type(exc).__name__}: {exc}"
+    """`Type: message` (an OSError's message includes its path, e.g. `[Errno 13] Permission denied: '/x'`),
+    plus the S3 error code when the message does not already name it."""
+    text = f"{type(exc).__name__}: {exc}"
+    code = service_error_code(exc)
+    if code and code not in text:
+        text += f" [{code}]"
+    return text
 
 
 def as_store_error(exc: BaseException, url: str, action: str) -> StoreError | None:

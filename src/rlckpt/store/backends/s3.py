@@ -7,14 +7,21 @@ from typing import Any
 
 from rlckpt.errors import StoreUnavailableError
 
+from ..storage_errors import service_error_code
 from .base import Listing
 from .object_store import ObjectBackend
 
 
 def _is_invalid_range(exc: BaseException) -> bool:
-    """S3 answers a ranged GET of an empty object with 416 InvalidRange."""
+    """S3 answers a ranged GET of an empty object with 416 InvalidRange (Ceph RGW's reaches us as
+    `OSError: [Errno 22] None`, the code only in the cause)."""
     text = f"{type(exc).__name__}: {exc}"
-    return "InvalidRange" in text or "416" in text or "not satisfiable" in text.lower()
+    return (
+        service_error_code(exc) == "InvalidRange"
+        or "InvalidRange" in text
+        or "416" in text
+        or "not satisfiable" in text.lower()
+    )
 
 
 class S3Backend(ObjectBackend):
