@@ -58,8 +58,8 @@ class HeldCopier(RowCopyWorker):
 
 
 class Policy:
-    async def stage_policy(self, txn):
-        return StagedBytes(txn, b"policy")
+    async def stage_policy(self):
+        return StagedBytes(b"policy")
 
 
 def rows(seed: int) -> list[dict[str, torch.Tensor]]:

@@ -13,7 +13,7 @@ import torch
 from rlckpt.checkpoint import codec, layout
 from rlckpt.checkpoint.save import SaveParticipants, StagedBytes, save_bundle
 from rlckpt.dataplane.memory import InMemoryDataPlane
-from rlckpt.errors import InventoryMismatchError
+from rlckpt.errors import BundleExistsError, InventoryMismatchError
 from rlckpt.replay import DataPlaneCheckpointBarrier, ReplayBuffer
 from rlckpt.store import BundleStore
 
@@ -24,12 +24,12 @@ class FakePolicy:
     def __init__(self, payload: bytes = b"weights-and-adam") -> None:
         self.payload = payload
 
-    async def stage_policy(self, txn):
-        return StagedBytes(txn, self.payload)
+    async def stage_policy(self):
+        return StagedBytes(self.payload)
 
 
 class FailingPolicy:
-    async def stage_policy(self, txn):
+    async def stage_policy(self):
         raise RuntimeError("trainer worker died")
 
 
@@ -184,3 +184,81 @@ def test_before_commit_is_awaited_with_the_step_while_the_bundle_is_not_yet_comm
     asyncio.run(save_bundle(parts, 2))
     assert seen == [(2, [])]
     assert BundleStore(url, options).steps() == [2]
+
+
+class RecordingPolicy:
+    """Stages a blob and records whether the save wrote or dropped it; `gate` (optional) holds the staging."""
+
+    def __init__(self, gate: asyncio.Event | None = None) -> None:
+        self.gate = gate
+        self.staging = asyncio.Event()
+        self.outcome: str | None = None
+
+    async def stage_policy(self):
+        self.staging.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        policy = self
+
+        class Staged(StagedBytes):
+            async def write(self, txn):
+                policy.outcome = "written"
+                return await super().write(txn)
+
+            async def discard(self):
+                policy.outcome = "discarded"
+
+        return Staged(b"weights")
+
+
+def _no_transaction_left(url, options) -> bool:
+    store = BundleStore(url, options)
+    report = store.gc(dry_run=True, stale_after=0)
+    return report.removed == [] and [e for e in store.entries() if e.state != "committed"] == []
+
+
+def test_a_failed_staging_aborts_the_transaction_begun_beside_it(store_location):
+    url, options = store_location
+    parts, _ = asyncio.run(_parts(url, options, policy=FailingPolicy()))
+    with pytest.raises(RuntimeError, match="trainer worker died"):
+        asyncio.run(save_bundle(parts, 2))
+    assert _no_transaction_left(url, options)
+
+
+def test_a_refused_begin_drops_the_policy_staged_beside_it(store_location):
+    url, options = store_location
+    parts, _ = asyncio.run(_parts(url, options))
+    asyncio.run(save_bundle(parts, 2))
+    parts.policy = policy = RecordingPolicy()
+    with pytest.raises(BundleExistsError):
+        asyncio.run(save_bundle(parts, 2))
+    assert policy.outcome == "discarded"
+    assert BundleStore(url, options).steps() == [2]
+
+
+def test_a_save_cancelled_while_the_policy_stages_leaves_no_transaction_behind(store_location):
+    url, options = store_location
+    parts, _ = asyncio.run(_parts(url, options))
+    parts.policy = policy = RecordingPolicy(gate=asyncio.Event())  # staging never finishes by itself
+
+    async def main():
+        save = asyncio.create_task(save_bundle(parts, 2))
+        await policy.staging.wait()
+        save.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await save
+        assert _no_transaction_left(url, options)  # checked before asyncio.run's shutdown
+
+    asyncio.run(main())
+    assert BundleStore(url, options).steps() == []
+
+
+def test_a_failed_window_drops_the_staged_policy_unwritten(store_location):
+    url, options = store_location
+    parts, plane = asyncio.run(_parts(url, options))
+    asyncio.run(plane.put_samples("rollouts", ["stray:0"], {"reward": torch.zeros(1, 1)}))
+    parts.policy = policy = RecordingPolicy()
+    with pytest.raises(InventoryMismatchError):
+        asyncio.run(save_bundle(parts, 2))
+    assert policy.outcome == "discarded"
+    assert _no_transaction_left(url, options)

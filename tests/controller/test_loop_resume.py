@@ -91,10 +91,10 @@ def _policy_write_fails_at(monkeypatch, failing_step: int) -> None:
     """The background half of a save fails: writing the staged policy of ``failing_step`` raises."""
     real = StagedBytes.write
 
-    async def write(self):
-        if self.txn.step == failing_step:
+    async def write(self, txn):
+        if txn.step == failing_step:
             raise OSError("disk full")
-        return await real(self)
+        return await real(self, txn)
 
     monkeypatch.setattr(StagedBytes, "write", write)
 

@@ -288,8 +288,8 @@ def test_a_pinned_snapshot_holds_exactly_the_captured_rows_while_commits_and_rem
     from rlckpt.store import BundleStore
 
     class Policy:
-        async def stage_policy(self, txn):
-            return StagedBytes(txn, b"policy")
+        async def stage_policy(self):
+            return StagedBytes(b"policy")
 
     async def main():
         buf = buffer_on(tq_plane)

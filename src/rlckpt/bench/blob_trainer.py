@@ -6,7 +6,6 @@ import os
 
 from rlckpt.checkpoint.save import StagedBytes
 from rlckpt.errors import CheckpointError
-from rlckpt.store import BundleTransaction
 
 
 class BlobTrainer:
@@ -18,8 +17,8 @@ class BlobTrainer:
     async def state_bytes(self) -> bytes:
         return self._blob
 
-    async def stage_policy(self, txn: BundleTransaction) -> StagedBytes:
-        return StagedBytes(txn, self._blob)
+    async def stage_policy(self) -> StagedBytes:
+        return StagedBytes(self._blob)
 
     def load_state_bytes(self, data: bytes) -> None:
         """Restore side: accept the verified bytes (only their length is checked)."""

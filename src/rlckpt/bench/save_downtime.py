@@ -81,25 +81,27 @@ class TensorPolicy:
         self.tensors = {f"layer{i}.weight": torch.randn(per, generator=g) for i in range(count)}
         self.last_staging_s = 0.0
 
-    async def stage_policy(self, txn: BundleTransaction) -> StagedTensors:
+    async def stage_policy(self) -> StagedTensors:
         t = time.perf_counter()
         copy = await run_blocking(lambda: {name: tensor.clone() for name, tensor in self.tensors.items()})
         self.last_staging_s = time.perf_counter() - t
-        return StagedTensors(txn, copy)
+        return StagedTensors(copy)
 
 
 @dataclass
 class StagedTensors:
-    txn: BundleTransaction
     tensors: dict[str, torch.Tensor]
 
-    async def write(self) -> list[Receipt]:
+    async def write(self, txn: BundleTransaction) -> list[Receipt]:
         def write() -> None:
-            with self.txn.open(layout.POLICY_FILE) as stream:
+            with txn.open(layout.POLICY_FILE) as stream:
                 torch.save(self.tensors, stream)
 
         await run_blocking(write)
         return []
+
+    async def discard(self) -> None:
+        self.tensors = {}
 
 
 async def measure_destination(

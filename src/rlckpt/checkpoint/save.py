@@ -48,6 +48,7 @@ from rlckpt.store import BundleStore, BundleTransaction, Receipt, sha256_hex
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 A = TypeVar("A")
 B = TypeVar("B")
 
@@ -62,19 +63,24 @@ SaveHook = Callable[[int], Awaitable[None]]
 
 
 class StagedPolicy(Protocol):
-    """Policy state already copied to host memory for one transaction, not yet written."""
+    """Policy state already copied to host memory, not yet written anywhere."""
 
-    async def write(self) -> list[Receipt]:
-        """Write the staged state into the transaction it was staged for; the receipts of the
-        participants that wrote it (empty when it was written through the transaction itself)."""
+    async def write(self, txn: BundleTransaction) -> list[Receipt]:
+        """Write the staged state into ``txn``; the receipts of the participants that wrote it (empty
+        when it was written through the transaction itself)."""
+        ...
+
+    async def discard(self) -> None:
+        """Drop the staged state unwritten (the save failed before writing it)."""
         ...
 
 
 class PolicyStateSource(Protocol):
     """The trainer side of a save, in two phases so training can go on while the policy is written."""
 
-    async def stage_policy(self, txn: BundleTransaction) -> StagedPolicy:
-        """Copy the policy state to host memory; returns as soon as the trainer may step again."""
+    async def stage_policy(self) -> StagedPolicy:
+        """Copy the policy state to host memory; returns as soon as the trainer may step again.
+        It needs no transaction, so the save begins its transaction meanwhile."""
         ...
 
 
@@ -82,12 +88,14 @@ class PolicyStateSource(Protocol):
 class StagedBytes:
     """A policy staged as one blob of bytes, written through the transaction as ``policy.pt``."""
 
-    txn: BundleTransaction
     data: bytes
 
-    async def write(self) -> list[Receipt]:
-        await run_blocking(self.txn.write_bytes, layout.POLICY_FILE, self.data)
+    async def write(self, txn: BundleTransaction) -> list[Receipt]:
+        await run_blocking(txn.write_bytes, layout.POLICY_FILE, self.data)
         return []
+
+    async def discard(self) -> None:
+        self.data = b""
 
 
 @dataclass
@@ -132,19 +140,63 @@ async def save_bundle(parts: SaveParticipants, step: int, *, upload_timing: Uplo
 
 
 async def start_save(parts: SaveParticipants, step: int, *, upload_timing: UploadTiming = "staged") -> PendingSave:
-    """The foreground of a save (steps 1-3): begin, stage the policy, hold the window. When it returns
-    the trainer may step again and rollouts commit again; ``finish()`` writes the rest and commits.
-    On a failure here the transaction is aborted (nothing committed) and the failure re-raised."""
+    """The foreground of a save (steps 1-3): begin the transaction while the policy is staged, then
+    hold the window. When it returns the trainer may step again and rollouts commit again;
+    ``finish()`` writes the rest and commits. On a failure here the transaction is aborted (nothing
+    committed), the staged policy dropped, and the failure re-raised."""
     started = time.perf_counter()
-    # 1: intent recorded. A corrupt bundle at this step (one a resume fell back past) is moved aside.
-    txn: BundleTransaction = await run_blocking(functools.partial(parts.store.begin, step, replace_corrupt=True))
-    pending = PendingSave(parts, txn, step, upload_timing, started)
+    txn, policy, policy_stage_s = await _begin_beside_staging(parts, step)
+    pending = PendingSave(parts, txn, step, upload_timing, started, policy, policy_stage_s)
     try:
         await pending.foreground()
     except BaseException as exc:
         await pending.fail(exc)
         raise
     return pending
+
+
+async def _begin_beside_staging(parts: SaveParticipants, step: int) -> tuple[BundleTransaction, StagedPolicy, float]:
+    """1: the intent recorded (a corrupt bundle at this step, one a resume fell back past, is moved
+    aside) while, beside it, 2: the policy is staged to host memory (it writes nothing, so it needs
+    no transaction). If either fails or the caller is cancelled, a begun transaction is aborted and
+    a staged policy dropped. Returns the transaction, the staged policy and the staging seconds."""
+    begin = asyncio.ensure_future(asyncio.to_thread(functools.partial(parts.store.begin, step, replace_corrupt=True)))
+    policy: StagedPolicy | None = None
+    t = time.perf_counter()
+    try:
+        policy = await parts.policy.stage_policy()
+        staged_s = time.perf_counter() - t
+        txn = await asyncio.shield(begin)  # cancelling us must not lose a transaction begun meanwhile
+    except BaseException as exc:
+        begun = await _settled(begin)
+        if begun is not None:
+            await _abort(begun, step, exc)
+        if policy is not None:
+            await _discard(policy, step)
+        raise
+    return txn, policy, staged_s
+
+
+async def _settled(task: asyncio.Future[T]) -> T | None:
+    """Wait for ``task`` to end whatever happens to us meanwhile; its result, or None if it failed."""
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            continue  # a thread cannot be stopped: what it began must be cleaned up by us
+        except BaseException:
+            break
+    if task.cancelled() or task.exception() is not None:
+        return None
+    return task.result()
+
+
+async def _discard(policy: StagedPolicy, step: int) -> None:
+    """Drop a staged policy the save will not write (logged, never raised: the failure is what surfaces)."""
+    try:
+        await policy.discard()
+    except Exception:
+        logger.warning("step %d: dropping the staged policy failed", step, exc_info=True)
 
 
 @dataclass
@@ -172,19 +224,24 @@ class PendingSave:
     """A save between its foreground (policy staged, index captured) and its commit."""
 
     def __init__(
-        self, parts: SaveParticipants, txn: BundleTransaction, step: int, upload_timing: UploadTiming, started: float
+        self,
+        parts: SaveParticipants,
+        txn: BundleTransaction,
+        step: int,
+        upload_timing: UploadTiming,
+        started: float,
+        policy: StagedPolicy,
+        policy_stage_s: float,
     ) -> None:
         self.parts, self.txn, self.step, self.upload_timing = parts, txn, step, upload_timing
         self.started = started
         self.foreground_s = 0.0
-        self.policy_stage_s = 0.0
-        self._policy: StagedPolicy | None = None
+        self.policy_stage_s = policy_stage_s
+        self._policy: StagedPolicy | None = policy
         self._captured: _Captured | None = None
+        self._policy_written = False
 
     async def foreground(self) -> None:
-        t = time.perf_counter()
-        self._policy = await self.parts.policy.stage_policy(self.txn)  # 2: policy, staged
-        self.policy_stage_s = time.perf_counter() - t
         if self.upload_timing == "pinned":  # 3: the window
             self._captured = await _pinned_capture(self.parts, self.txn, self.step)
         else:
@@ -204,9 +261,11 @@ class PendingSave:
         return report
 
     async def fail(self, cause: BaseException) -> None:
-        """Drop what the foreground holds (pins, staging dir) and abort the transaction."""
+        """Drop what the foreground holds (pins, staging dir, the staged policy) and abort the transaction."""
         if self._captured is not None:
             await self._captured.close()
+        if self._policy is not None and not self._policy_written:
+            await _discard(self._policy, self.step)
         await _abort(self.txn, self.step, cause)
 
     async def _write_and_commit(self) -> SaveReport:
@@ -216,7 +275,8 @@ class PendingSave:
 
         async def write_policy() -> tuple[list[Receipt], float]:
             assert self._policy is not None
-            receipts = await self._policy.write()
+            receipts = await self._policy.write(txn)
+            self._policy_written = True
             return receipts, time.perf_counter() - t
 
         try:
