@@ -17,7 +17,7 @@ from rlckpt.checkpoint import codec, layout
 from rlckpt.checkpoint.phase import RestorePhase
 from rlckpt.checkpoint.restore import restore_run
 from rlckpt.checkpoint.row_copy import RowCopyWorker
-from rlckpt.checkpoint.save import SaveParticipants, save_bundle
+from rlckpt.checkpoint.save import SaveParticipants, StagedBytes, save_bundle
 from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
 from rlckpt.errors import InventoryMismatchError
 from rlckpt.replay import DataPlaneCheckpointBarrier, ReplayBuffer
@@ -58,8 +58,8 @@ class HeldCopier(RowCopyWorker):
 
 
 class Policy:
-    async def state_bytes(self) -> bytes:
-        return b"policy"
+    async def stage_policy(self, txn):
+        return StagedBytes(txn, b"policy")
 
 
 def rows(seed: int) -> list[dict[str, torch.Tensor]]:

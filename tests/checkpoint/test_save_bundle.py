@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlckpt.checkpoint import codec, layout
-from rlckpt.checkpoint.save import SaveParticipants, save_bundle
+from rlckpt.checkpoint.save import SaveParticipants, StagedBytes, save_bundle
 from rlckpt.dataplane.memory import InMemoryDataPlane
 from rlckpt.errors import InventoryMismatchError
 from rlckpt.replay import DataPlaneCheckpointBarrier, ReplayBuffer
@@ -24,12 +24,12 @@ class FakePolicy:
     def __init__(self, payload: bytes = b"weights-and-adam") -> None:
         self.payload = payload
 
-    async def state_bytes(self) -> bytes:
-        return self.payload
+    async def stage_policy(self, txn):
+        return StagedBytes(txn, self.payload)
 
 
 class FailingPolicy:
-    async def state_bytes(self) -> bytes:
+    async def stage_policy(self, txn):
         raise RuntimeError("trainer worker died")
 
 

@@ -283,13 +283,13 @@ class HeldRayCopier:
 
 
 def test_a_pinned_snapshot_holds_exactly_the_captured_rows_while_commits_and_removals_run(tq_plane, tmp_path):
-    from rlckpt.checkpoint.save import SaveParticipants, save_bundle
+    from rlckpt.checkpoint.save import SaveParticipants, StagedBytes, save_bundle
     from rlckpt.dataplane.rows_snapshot import restore_snapshot
     from rlckpt.store import BundleStore
 
     class Policy:
-        async def state_bytes(self):
-            return b"policy"
+        async def stage_policy(self, txn):
+            return StagedBytes(txn, b"policy")
 
     async def main():
         buf = buffer_on(tq_plane)

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import os
 
+from rlckpt.checkpoint.save import StagedBytes
 from rlckpt.errors import CheckpointError
+from rlckpt.store import BundleTransaction
 
 
 class BlobTrainer:
-    """Provides ``async state_bytes()`` like the trainer handle; the bytes are made once, up front."""
+    """Stages a fixed blob as its policy, like the trainer handle; the bytes are made once, up front."""
 
     def __init__(self, nbytes: int) -> None:
         self._blob = os.urandom(nbytes)
 
     async def state_bytes(self) -> bytes:
         return self._blob
+
+    async def stage_policy(self, txn: BundleTransaction) -> StagedBytes:
+        return StagedBytes(txn, self._blob)
 
     def load_state_bytes(self, data: bytes) -> None:
         """Restore side: accept the verified bytes (only their length is checked)."""

@@ -1,7 +1,7 @@
 """The save procedure of one run bundle, in the order of docs/architecture.md (Save).
 
 1. begin transaction (the store records the write-ahead intent before any data byte)
-2. policy weights + optimizer
+2. policy weights + optimizer, staged to host memory (written beside the data plane in 4)
 3. barrier window (exclusive side of DataPlaneCheckpointBarrier): capture the replay index and
    the dataloader position at one instant → ``list_sample_ids()`` must equal the index (else the
    save aborts, nothing committed) → TransferQueue snapshot into local staging → release
@@ -15,6 +15,10 @@ async rollout order the rollout pump draws prompts while the policy is written, 
 captured before the window would let a prompt drawn in between be restored from the data plane
 *and* drawn again after resume (docs/design-notes.md, 1).
 
+``start_save`` is steps 1-3, the part the train pump waits for; ``PendingSave.finish`` is the
+rest, which an async save runs in the background while training goes on (docs/architecture.md,
+Async saves). ``save_bundle`` is both, back to back.
+
 ``upload_timing="inline"`` digests and uploads the snapshot inside the window, so finished
 rollouts wait for the destination; the stall benchmark compares it with the default ``staged``
 (docs/architecture.md, Upload timing).
@@ -23,13 +27,14 @@ rollouts wait for the destination; the stall benchmark compares it with the defa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from rlckpt.checkpoint import codec, layout
 from rlckpt.checkpoint.row_copy import RowCopier
@@ -43,6 +48,9 @@ from rlckpt.store import BundleStore, BundleTransaction, Receipt, sha256_hex
 
 logger = logging.getLogger(__name__)
 
+A = TypeVar("A")
+B = TypeVar("B")
+
 # When the data-plane snapshot is digested and uploaded: after the window (staged, the default) or
 # inside it (inline, for comparison in the stall benchmark).
 # pinned: only the index is captured in the window; the captured rows are copied after it, pinned.
@@ -53,10 +61,33 @@ COPY_DEPTH = 2  # batches of a pinned copy in flight at once
 SaveHook = Callable[[int], Awaitable[None]]
 
 
-class PolicyStateSource(Protocol):
-    """The trainer side: hands out its weights + optimizer state as bytes."""
+class StagedPolicy(Protocol):
+    """Policy state already copied to host memory for one transaction, not yet written."""
 
-    async def state_bytes(self) -> bytes: ...
+    async def write(self) -> list[Receipt]:
+        """Write the staged state into the transaction it was staged for; the receipts of the
+        participants that wrote it (empty when it was written through the transaction itself)."""
+        ...
+
+
+class PolicyStateSource(Protocol):
+    """The trainer side of a save, in two phases so training can go on while the policy is written."""
+
+    async def stage_policy(self, txn: BundleTransaction) -> StagedPolicy:
+        """Copy the policy state to host memory; returns as soon as the trainer may step again."""
+        ...
+
+
+@dataclass
+class StagedBytes:
+    """A policy staged as one blob of bytes, written through the transaction as ``policy.pt``."""
+
+    txn: BundleTransaction
+    data: bytes
+
+    async def write(self) -> list[Receipt]:
+        await run_blocking(self.txn.write_bytes, layout.POLICY_FILE, self.data)
+        return []
 
 
 @dataclass
@@ -83,9 +114,11 @@ class SaveReport:
     step: int
     manifest_sha256: str
     total_s: float
-    policy_s: float
+    foreground_s: float  # begin + policy staging + window: what the train pump waits for in an async save
+    policy_stage_s: float  # policy copied to host memory
+    policy_s: float  # policy staged and written
     window_s: float
-    snapshot_s: float  # TQ snapshot, with the inventory listing running beside it
+    snapshot_s: float  # TQ snapshot (with the inventory listing beside it), or the pinned rows' copy
     upload_s: float
     bytes_written: int
     group_count: int
@@ -94,17 +127,24 @@ class SaveReport:
 
 async def save_bundle(parts: SaveParticipants, step: int, *, upload_timing: UploadTiming = "staged") -> SaveReport:
     """Write and commit the bundle of ``step``; on any failure nothing is committed and it re-raises."""
+    pending = await start_save(parts, step, upload_timing=upload_timing)
+    return await pending.finish()
+
+
+async def start_save(parts: SaveParticipants, step: int, *, upload_timing: UploadTiming = "staged") -> PendingSave:
+    """The foreground of a save (steps 1-3): begin, stage the policy, hold the window. When it returns
+    the trainer may step again and rollouts commit again; ``finish()`` writes the rest and commits.
+    On a failure here the transaction is aborted (nothing committed) and the failure re-raised."""
     started = time.perf_counter()
     # 1: intent recorded. A corrupt bundle at this step (one a resume fell back past) is moved aside.
     txn: BundleTransaction = await run_blocking(functools.partial(parts.store.begin, step, replace_corrupt=True))
+    pending = PendingSave(parts, txn, step, upload_timing, started)
     try:
-        report = await _write_and_commit(parts, txn, step, upload_timing, started)
+        await pending.foreground()
     except BaseException as exc:
-        await _abort(txn, step, exc)
+        await pending.fail(exc)
         raise
-    if parts.keep_last:
-        await _retain(parts.store, parts.keep_last)
-    return report
+    return pending
 
 
 @dataclass
@@ -121,65 +161,147 @@ class _DataPlanePart:
     receipts: list[Receipt] = field(default_factory=list)
 
 
-async def _write_and_commit(
-    parts: SaveParticipants, txn: BundleTransaction, step: int, upload_timing: UploadTiming, started: float
-) -> SaveReport:
-    t = time.perf_counter()
-    policy_bytes = await parts.policy.state_bytes()  # 2: policy
-    await run_blocking(txn.write_bytes, layout.POLICY_FILE, policy_bytes)
-    policy_s = time.perf_counter() - t
+class _Captured(Protocol):
+    """The data plane's side of a save after the window: finish it, or drop it."""
 
-    if upload_timing == "pinned":  # 3-4: the window, the data plane
-        dp = await _pinned_data_plane(parts, txn, step)
-    else:
-        dp = await _snapshot_data_plane(parts, txn, step, upload_timing)
-    await run_blocking(txn.write_bytes, layout.LOADER_FILE, codec.dumps(dp.loader_state))
-    await run_blocking(txn.write_bytes, layout.REPLAY_FILE, codec.dumps(dp.index))
-
-    metadata = {
-        **parts.extra_metadata,
-        layout.META_FORMAT: layout.RUN_BUNDLE_FORMAT,
-        layout.META_INDEX_DIGEST: dp.dp_metadata[layout.META_INDEX_DIGEST],
-        layout.META_GROUP_COUNT: dp.dp_metadata[layout.META_GROUP_COUNT],
-        layout.META_ROLLOUT_ORDER: parts.rollout_order,
-        layout.META_UPLOAD_TIMING: upload_timing,
-        "data_plane": dp.dp_metadata,
-    }
-    if parts.before_commit is not None:
-        await parts.before_commit(step)
-    manifest = await run_blocking(functools.partial(txn.commit, metadata, receipts=dp.receipts))  # 5: manifest → COMMIT
-    report = SaveReport(
-        step=step,
-        manifest_sha256=sha256_hex(manifest.to_bytes()),
-        total_s=time.perf_counter() - started,
-        policy_s=policy_s,
-        window_s=dp.window_s,
-        snapshot_s=dp.snapshot_s,
-        upload_s=dp.upload_s,
-        bytes_written=manifest.total_size,
-        group_count=dp.dp_metadata[layout.META_GROUP_COUNT],
-        upload_timing=upload_timing,
-    )
-    logger.info(
-        "saved step %d: %d groups, %.1f MiB, window %.3fs (snapshot %.3fs), upload %.3fs, total %.3fs",
-        step,
-        report.group_count,
-        report.bytes_written / 2**20,
-        dp.window_s,
-        dp.snapshot_s,
-        dp.upload_s,
-        report.total_s,
-    )
-    return report
+    async def finish(self) -> _DataPlanePart: ...
+    async def close(self) -> None: ...
 
 
-async def _snapshot_data_plane(
-    parts: SaveParticipants, txn: BundleTransaction, step: int, upload_timing: UploadTiming
-) -> _DataPlanePart:
-    """TransferQueue's own snapshot inside the window (staged: uploaded after it; inline: inside it)."""
-    compression = data_plane_compression(parts.store, parts.compress_data_plane)
-    with staging_dir(parts.staging_root, prefix=f"rlckpt-step{step}-") as staging:
-        snapshot_dir = staging / layout.DATA_PLANE_DIR
+class PendingSave:
+    """A save between its foreground (policy staged, index captured) and its commit."""
+
+    def __init__(
+        self, parts: SaveParticipants, txn: BundleTransaction, step: int, upload_timing: UploadTiming, started: float
+    ) -> None:
+        self.parts, self.txn, self.step, self.upload_timing = parts, txn, step, upload_timing
+        self.started = started
+        self.foreground_s = 0.0
+        self.policy_stage_s = 0.0
+        self._policy: StagedPolicy | None = None
+        self._captured: _Captured | None = None
+
+    async def foreground(self) -> None:
+        t = time.perf_counter()
+        self._policy = await self.parts.policy.stage_policy(self.txn)  # 2: policy, staged
+        self.policy_stage_s = time.perf_counter() - t
+        if self.upload_timing == "pinned":  # 3: the window
+            self._captured = await _pinned_capture(self.parts, self.txn, self.step)
+        else:
+            self._captured = await _snapshot_capture(self.parts, self.txn, self.step, self.upload_timing)
+        self.foreground_s = time.perf_counter() - self.started
+
+    async def finish(self) -> SaveReport:
+        """Steps 2 (write) and 4-5: the policy and the data plane written side by side, then loader,
+        index, manifest and COMMIT; retention after. Nothing is committed on a failure."""
+        try:
+            report = await self._write_and_commit()
+        except BaseException as exc:
+            await self.fail(exc)
+            raise
+        if self.parts.keep_last:
+            await _retain(self.parts.store, self.parts.keep_last)
+        return report
+
+    async def fail(self, cause: BaseException) -> None:
+        """Drop what the foreground holds (pins, staging dir) and abort the transaction."""
+        if self._captured is not None:
+            await self._captured.close()
+        await _abort(self.txn, self.step, cause)
+
+    async def _write_and_commit(self) -> SaveReport:
+        assert self._policy is not None and self._captured is not None, "finish() before foreground()"
+        parts, txn, step = self.parts, self.txn, self.step
+        t = time.perf_counter()
+
+        async def write_policy() -> tuple[list[Receipt], float]:
+            assert self._policy is not None
+            receipts = await self._policy.write()
+            return receipts, time.perf_counter() - t
+
+        try:
+            (policy_receipts, policy_write_s), dp = await _both(write_policy(), self._captured.finish())
+        finally:
+            await self._captured.close()
+        await run_blocking(txn.write_bytes, layout.LOADER_FILE, codec.dumps(dp.loader_state))
+        await run_blocking(txn.write_bytes, layout.REPLAY_FILE, codec.dumps(dp.index))
+
+        metadata = {
+            **parts.extra_metadata,
+            layout.META_FORMAT: layout.RUN_BUNDLE_FORMAT,
+            layout.META_INDEX_DIGEST: dp.dp_metadata[layout.META_INDEX_DIGEST],
+            layout.META_GROUP_COUNT: dp.dp_metadata[layout.META_GROUP_COUNT],
+            layout.META_ROLLOUT_ORDER: parts.rollout_order,
+            layout.META_UPLOAD_TIMING: self.upload_timing,
+            "data_plane": dp.dp_metadata,
+        }
+        if parts.before_commit is not None:
+            await parts.before_commit(step)
+        receipts = [*policy_receipts, *dp.receipts]
+        manifest = await run_blocking(functools.partial(txn.commit, metadata, receipts=receipts))  # 5: COMMIT
+        report = SaveReport(
+            step=step,
+            manifest_sha256=sha256_hex(manifest.to_bytes()),
+            total_s=time.perf_counter() - self.started,
+            foreground_s=self.foreground_s,
+            policy_stage_s=self.policy_stage_s,
+            policy_s=self.policy_stage_s + policy_write_s,
+            window_s=dp.window_s,
+            snapshot_s=dp.snapshot_s,
+            upload_s=dp.upload_s,
+            bytes_written=manifest.total_size,
+            group_count=dp.dp_metadata[layout.META_GROUP_COUNT],
+            upload_timing=self.upload_timing,
+        )
+        logger.info(
+            "saved step %d: %d groups, %.1f MiB, foreground %.3fs (window %.3fs), snapshot %.3fs, upload %.3fs, "
+            "total %.3fs",
+            step,
+            report.group_count,
+            report.bytes_written / 2**20,
+            report.foreground_s,
+            dp.window_s,
+            dp.snapshot_s,
+            dp.upload_s,
+            report.total_s,
+        )
+        return report
+
+
+async def _both(first: Awaitable[A], second: Awaitable[B]) -> tuple[A, B]:
+    """Run two awaitables side by side; when one fails the other is cancelled (and awaited) and the
+    failure re-raised as it is, so nothing of the save keeps running after it has failed."""
+    one, two = asyncio.ensure_future(first), asyncio.ensure_future(second)
+    tasks: list[asyncio.Future[Any]] = [one, two]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for task in tasks:
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
+            raise error
+    return one.result(), two.result()
+
+
+class _SnapshotCapture:
+    """Staged/inline: TransferQueue's own snapshot taken inside the window into a local staging dir;
+    ``finish`` digests and uploads it (inline did that inside the window already)."""
+
+    def __init__(self, parts: SaveParticipants, txn: BundleTransaction, step: int, timing: UploadTiming) -> None:
+        self.parts, self.txn, self.step, self.timing = parts, txn, step, timing
+        self._staging = contextlib.ExitStack()
+        self.snapshot_dir = (
+            self._staging.enter_context(staging_dir(parts.staging_root, prefix=f"rlckpt-step{step}-"))
+            / layout.DATA_PLANE_DIR
+        )
+        self.compression = data_plane_compression(parts.store, parts.compress_data_plane)
+        self.done: _DataPlanePart | None = None
+
+    async def window(self) -> None:
+        parts = self.parts
         async with parts.replay.barrier.checkpoint():  # 3: the window
             window_started = time.perf_counter()
             captured = parts.replay.capture_index()  # pointer copies; serialized after release
@@ -189,57 +311,102 @@ async def _snapshot_data_plane(
             stored, _ = await asyncio.gather(  # both only read; nothing can write inside the window
                 data_plane.list_sample_ids(parts.replay.partition_id),
                 data_plane.save_checkpoint(
-                    snapshot_dir, metadata={"step": step, layout.META_ROLLOUT_ORDER: parts.rollout_order}
+                    self.snapshot_dir, metadata={"step": self.step, layout.META_ROLLOUT_ORDER: parts.rollout_order}
                 ),
             )
             snapshot_s = time.perf_counter() - t
             parts.replay.validate_inventory(stored)  # a mismatch aborts the save: nothing is committed
-            upload_s = 0.0
-            if upload_timing == "inline":  # digest and upload while rollouts wait (for comparison only)
-                index, dp_metadata = _finish_snapshot(captured, snapshot_dir, step, parts.rollout_order)
-                upload_s = await _upload_snapshot(txn, snapshot_dir, compression)
-            window_s = time.perf_counter() - window_started
+            self.captured, self.loader_state, self.snapshot_s = captured, loader_state, snapshot_s
+            if self.timing == "inline":  # digest and upload while rollouts wait (for comparison only)
+                self.done = await self._upload(window_started)
+            self.window_s = time.perf_counter() - window_started
+        if self.done is not None:
+            self.done.window_s = self.window_s
 
-        if upload_timing == "staged":  # 4: outside the window, off the event loop (rollouts resume at once)
-            index, dp_metadata = await run_blocking(_finish_snapshot, captured, snapshot_dir, step, parts.rollout_order)
-            upload_s = await _upload_snapshot(txn, snapshot_dir, compression)
-    return _DataPlanePart(index, dp_metadata, loader_state, window_s, snapshot_s, upload_s)
+    async def _upload(self, window_started: float | None = None) -> _DataPlanePart:
+        index, dp_metadata = await run_blocking(
+            _finish_snapshot, self.captured, self.snapshot_dir, self.step, self.parts.rollout_order
+        )
+        upload_s = await _upload_snapshot(self.txn, self.snapshot_dir, self.compression)
+        window_s = 0.0 if window_started is None else time.perf_counter() - window_started
+        return _DataPlanePart(index, dp_metadata, self.loader_state, window_s, self.snapshot_s, upload_s)
+
+    async def finish(self) -> _DataPlanePart:
+        if self.done is None:  # 4: outside the window, off the event loop (rollouts resume at once)
+            self.done = await self._upload()
+            self.done.window_s = self.window_s
+        return self.done
+
+    async def close(self) -> None:
+        self._staging.close()
 
 
-async def _pinned_data_plane(parts: SaveParticipants, txn: BundleTransaction, step: int) -> _DataPlanePart:
-    """3: capture and pin the index (no waiting on the data plane: the window is one synchronous step);
-    4: copy exactly the captured rows while rollouts keep committing, unpinning as it goes, and check
-    the data plane holds no row the index cannot account for."""
-    replay, copier = parts.replay, parts.row_copier
-    if copier is None:
-        raise CheckpointError(f"step {step}: a pinned save needs a row copier (SaveParticipants.row_copier)")
-    await replay.settle_removals()
-    window_started = time.perf_counter()  # the window: one synchronous step, nothing awaited
-    captured = replay.pin_capture()
-    loader_state = parts.capture_loader_state()
-    window_s = time.perf_counter() - window_started
-    t = time.perf_counter()
+async def _snapshot_capture(
+    parts: SaveParticipants, txn: BundleTransaction, step: int, timing: UploadTiming
+) -> _SnapshotCapture:
+    capture = _SnapshotCapture(parts, txn, step, timing)
     try:
-        await copier.begin(txn.handle(), data_plane_compression(parts.store, parts.compress_data_plane))
+        await capture.window()
+    except BaseException:
+        await capture.close()
+        raise
+    return capture
+
+
+class _PinnedCapture:
+    """Pinned: the window was one synchronous step (index + loader captured, rows pinned); ``finish``
+    copies exactly the captured rows while rollouts keep committing, unpinning as it goes, and checks
+    the data plane holds no row the index cannot account for."""
+
+    def __init__(self, parts: SaveParticipants, txn: BundleTransaction, step: int, copier: RowCopier) -> None:
+        self.parts, self.txn, self.step, self.copier = parts, txn, step, copier
+        self._pinned = False
+
+    async def window(self) -> None:
+        replay = self.parts.replay
+        await replay.settle_removals()  # a removal already in flight finishes first; it never holds commits
+        window_started = time.perf_counter()  # the window: one synchronous step, nothing awaited
+        self.captured = replay.pin_capture()
+        self._pinned = True
+        self.loader_state = self.parts.capture_loader_state()
+        self.window_s = time.perf_counter() - window_started
+
+    async def finish(self) -> _DataPlanePart:
+        replay, copier, txn = self.parts.replay, self.copier, self.txn
+        t = time.perf_counter()
+        await copier.begin(txn.handle(), data_plane_compression(self.parts.store, self.parts.compress_data_plane))
         try:
             with replay.observe_mutations() as raced:
                 listing = asyncio.ensure_future(replay.data_plane.list_sample_ids(replay.partition_id))
                 try:
-                    files = await _copy_pinned_rows(replay, copier, captured)
+                    files = await _copy_pinned_rows(replay, copier, self.captured)
                 finally:
                     stored = await listing
-            replay.check_no_strays(stored, captured, raced)  # a mismatch aborts the save
-            index, dp_metadata = _index_metadata(captured, step, parts.rollout_order)
+            replay.check_no_strays(stored, self.captured, raced)  # a mismatch aborts the save
+            index, dp_metadata = _index_metadata(self.captured, self.step, self.parts.rollout_order)
             receipt = await copier.seal()
         except BaseException:
             await copier.abort()
             raise
-    finally:
-        await replay.end_pins()
-    snapshot_s = time.perf_counter() - t
-    document = rows_metadata(replay.partition_id, files, dp_metadata)
-    await run_blocking(txn.write_bytes, layout.DATA_PLANE_METADATA, document)
-    return _DataPlanePart(index, dp_metadata, loader_state, window_s, snapshot_s, 0.0, [receipt])
+        finally:
+            await self.close()
+        snapshot_s = time.perf_counter() - t
+        document = rows_metadata(replay.partition_id, files, dp_metadata)
+        await run_blocking(txn.write_bytes, layout.DATA_PLANE_METADATA, document)
+        return _DataPlanePart(index, dp_metadata, self.loader_state, self.window_s, snapshot_s, 0.0, [receipt])
+
+    async def close(self) -> None:
+        if self._pinned:
+            self._pinned = False
+            await self.parts.replay.end_pins()
+
+
+async def _pinned_capture(parts: SaveParticipants, txn: BundleTransaction, step: int) -> _PinnedCapture:
+    if parts.row_copier is None:
+        raise CheckpointError(f"step {step}: a pinned save needs a row copier (SaveParticipants.row_copier)")
+    capture = _PinnedCapture(parts, txn, step, parts.row_copier)
+    await capture.window()
+    return capture
 
 
 async def _copy_pinned_rows(replay: ReplayBuffer, copier: RowCopier, captured: IndexCapture) -> list[str]:

@@ -13,14 +13,16 @@ from typing import Any, Protocol
 
 import torch
 
+from rlckpt.checkpoint.save import StagedBytes, StagedPolicy
 from rlckpt.grpo import GenerationWorker, Prompt, TrainBatch
+from rlckpt.store import BundleTransaction
 
 
 class Trainer(Protocol):
     async def train_step(self, batch: TrainBatch) -> dict[str, float]: ...
     async def weights(self) -> tuple[dict[str, torch.Tensor], int]: ...
     async def policy_sha256(self) -> str: ...
-    async def state_bytes(self) -> bytes: ...
+    async def stage_policy(self, txn: BundleTransaction) -> StagedPolicy: ...
 
 
 class Generator(Protocol):
@@ -43,8 +45,9 @@ class TrainerHandle:
     async def policy_sha256(self) -> str:
         return await self.worker.policy_sha256.remote()
 
-    async def state_bytes(self) -> bytes:
-        return await self.worker.state_bytes.remote()
+    async def stage_policy(self, txn: BundleTransaction) -> StagedBytes:
+        """The worker's weights + optimizer as bytes, held here until the save writes them."""
+        return StagedBytes(txn, await self.worker.state_bytes.remote())
 
 
 @dataclass(frozen=True)
@@ -75,8 +78,8 @@ class LocalTrainer:
     async def policy_sha256(self) -> str:
         return self.worker.policy_sha256()
 
-    async def state_bytes(self) -> bytes:
-        return self.worker.state_bytes()
+    async def stage_policy(self, txn: BundleTransaction) -> StagedBytes:
+        return StagedBytes(txn, self.worker.state_bytes())
 
 
 class LocalGenerator:
