@@ -176,9 +176,7 @@ class Trainer:
             raise TrainerStateError(f"trainer state {origin} does not load into this trainer: {exc}") from exc
         self._check_record(record, origin)
         try:
-            set_state_dict(
-                self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
-            )
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         except (KeyError, RuntimeError, ValueError) as exc:
             raise TrainerStateError(f"trainer state {origin} does not fit this trainer: {exc}") from exc
         self.weight_version = int(record["weight_version"])
@@ -233,7 +231,6 @@ class Trainer:
         except (KeyError, RuntimeError, ValueError) as exc:
             raise TrainerStateError(f"trainer state {origin} does not fit this trainer: {exc}") from exc
         self.weight_version = int(state["weight_version"])
-
 
     def _require_unsharded(self, what: str) -> None:
         if self.parallel is not None:
