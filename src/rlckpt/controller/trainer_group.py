@@ -155,7 +155,10 @@ class TrainerGroup:
 
         if ranks < 1:
             raise TrainerGroupError(f"a trainer group needs at least 1 rank, got {ranks}")
-        actor_class = ray.remote(concurrency_groups={"save": 1})(TrainerRank).options(
+        # write_policy runs in the "save" group, beside training calls. Ray's type stubs have no overload
+        # of ray.remote for the (documented) concurrency_groups keyword, hence the untyped name.
+        remote: Any = ray.remote
+        actor_class = remote(concurrency_groups={"save": 1})(TrainerRank).options(
             num_cpus=0, resources=dict(resources or {})
         )
         self.actors: list[Any] = [actor_class.remote(config, rank, ranks, save_planner) for rank in range(ranks)]
@@ -163,7 +166,7 @@ class TrainerGroup:
         try:
             address, port = ray.get(self.actors[0].rendezvous.remote(), timeout=timeout_s)
             joining = self.handle._call_all("forming the trainer group", "join_group", address, port, GROUP_TIMEOUT_S)
-            asyncio.run(joining)  # type: ignore[arg-type]  # a coroutine
+            asyncio.run(joining)
         except Exception as exc:
             self.shutdown()
             if isinstance(exc, TrainerGroupError):

@@ -87,7 +87,9 @@ def connect_ray(address: str, *, log_to_driver: bool = False) -> None:
     if ray.is_initialized():
         raise RuntimeError("connect_ray: this process is already connected to a Ray cluster")
     logger.info("joining the Ray cluster at %s", address)
-    ray.init(address=address, include_dashboard=False, log_to_driver=log_to_driver)
+    host = address.rsplit(":", 1)[0]
+    loopback = {"_node_ip_address": "127.0.0.1"} if host in ("127.0.0.1", "localhost") else {}  # as the nodes
+    ray.init(address=address, include_dashboard=False, log_to_driver=log_to_driver, **loopback)
 
 
 def stop_local_ray() -> None:
