@@ -88,8 +88,8 @@ def connect_ray(address: str, *, log_to_driver: bool = False) -> None:
         raise RuntimeError("connect_ray: this process is already connected to a Ray cluster")
     logger.info("joining the Ray cluster at %s", address)
     host = address.rsplit(":", 1)[0]
-    loopback = {"_node_ip_address": "127.0.0.1"} if host in ("127.0.0.1", "localhost") else {}  # as the nodes
-    ray.init(address=address, include_dashboard=False, log_to_driver=log_to_driver, **loopback)
+    node_ip = "127.0.0.1" if host in ("127.0.0.1", "localhost") else None  # a loopback cluster: stay on it
+    ray.init(address=address, include_dashboard=False, log_to_driver=log_to_driver, _node_ip_address=node_ip)
 
 
 def stop_local_ray() -> None:
