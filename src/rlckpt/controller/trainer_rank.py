@@ -30,6 +30,7 @@ from rlckpt.checkpoint import layout
 from rlckpt.checkpoint.restore import PolicyLocation
 from rlckpt.errors import TrainerGroupError
 from rlckpt.grpo import GRPOConfig, TrainBatch, Trainer
+from rlckpt.grpo.trainer import checkpoint_failure
 from rlckpt.store import Receipt, TransactionHandle
 
 logger = logging.getLogger(__name__)
@@ -169,7 +170,7 @@ class TrainerRank:
         except BaseException as exc:  # CheckpointException (BaseException) carries each rank's failure
             _abort_quietly(save.writer)
             raise TrainerGroupError(
-                f"trainer rank {self.rank}: writing the policy of step {save.step} failed: {_describe(exc)}"
+                f"trainer rank {self.rank}: writing the policy of step {save.step} failed: {checkpoint_failure(exc)}"
             ) from None
         if receipt is None:
             raise TrainerGroupError(f"trainer rank {self.rank}: the save of step {save.step} left no receipt")
@@ -208,15 +209,3 @@ def _abort_quietly(writer: Any) -> None:
         writer.abort()
     except Exception:
         logger.warning("dropping an unfinished policy save failed; `rlckpt gc` removes its files", exc_info=True)
-
-
-def _describe(exc: BaseException) -> str:
-    """One line per rank for DCP's CheckpointException (its ``failures``), else the exception itself."""
-    failures = getattr(exc, "failures", None)
-    if isinstance(failures, dict) and failures:
-        parts = []
-        for rank, failure in sorted(failures.items()):
-            cause = failure[0] if isinstance(failure, tuple) else failure  # DCP's (exception, traceback)
-            parts.append(f"rank {rank}: {type(cause).__name__}: {cause}")
-        return "; ".join(parts)
-    return f"{type(exc).__name__}: {exc}"

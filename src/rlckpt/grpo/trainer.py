@@ -173,7 +173,9 @@ class Trainer:
             dcp.load(state, storage_reader=storage_reader, process_group=process_group)
             record = json.loads(state["trainer"])
         except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
-            raise TrainerStateError(f"trainer state {origin} does not load into this trainer: {exc}") from exc
+            raise TrainerStateError(
+                f"trainer state {origin} does not load into this trainer: {checkpoint_failure(exc)}"
+            ) from exc
         self._check_record(record, origin)
         try:
             set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
@@ -238,6 +240,15 @@ class Trainer:
                 f"Trainer.{what} holds the whole state in one file; a sharded trainer (rank {self.rank} of "
                 f"{self.world_size}) saves with checkpoint_state() and dcp.save"
             )
+
+
+def checkpoint_failure(exc: BaseException) -> str:
+    """One line per rank for DCP's CheckpointException (its ``failures``: rank -> (exception, traceback))."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        causes = [(rank, f[0] if isinstance(f, tuple) else f) for rank, f in sorted(failures.items())]
+        return "; ".join(f"rank {rank}: {type(cause).__name__}: {cause}" for rank, cause in causes)
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
