@@ -91,7 +91,7 @@ def test_two_ranks_on_two_nodes_write_one_bundle_to_s3(tmp_path, s3_run_url, s3_
     cluster = Cluster(
         initialize_head=True,
         head_node_args={
-            "num_cpus": 4,  # TransferQueue's actors ask for CPUs: they stay on the head
+            "num_cpus": 4,
             "resources": slot,
             "node_ip_address": "127.0.0.1",
             "include_dashboard": False,
@@ -99,7 +99,9 @@ def test_two_ranks_on_two_nodes_write_one_bundle_to_s3(tmp_path, s3_run_url, s3_
         },
     )
     try:
-        cluster.add_node(num_cpus=0, resources=slot, node_ip_address="127.0.0.1")
+        # TransferQueue pins its storage units round-robin over the nodes (sorted by node id, so either one
+        # may come first) and each asks for a CPU: both nodes need CPUs (Ray's CPUs are only labels here).
+        cluster.add_node(num_cpus=2, resources=slot, node_ip_address="127.0.0.1")
         options = json.dumps(s3_storage_options)
         summary = _train(
             s3_run_url,
