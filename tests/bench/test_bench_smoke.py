@@ -3,6 +3,7 @@ TransferQueue, local disk and the moto server, so the benchmarks cannot rot. No 
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -22,6 +23,8 @@ from rlckpt.bench.report import (
     write_json,
 )
 from rlckpt.bench.rows import RowShape
+from rlckpt.bench.save_downtime import DowntimeConfig, downtime_table, run_downtime
+from rlckpt.bench.save_downtime import result_document as result_document_downtime
 from rlckpt.bench.save_restore import SaveRestoreConfig, run_save_restore
 from rlckpt.checkpoint.row_copy import start_ray_row_copier
 from rlckpt.controller.connect import ConnectOnlyDataPlane
@@ -92,3 +95,33 @@ def dest_runs(dest):
     fs = dest.filesystem()
     prefix = "s3://" if dest.is_s3 else ""
     return [prefix + p for p in fs.ls(dest.root, detail=False)]
+
+
+def test_save_downtime_measures_sync_and_async_saves_on_each_destination(tq_session, destinations, tmp_path):
+    config = DowntimeConfig(size_mib=0.25, policy_mib=0.25, repeats=1, shape=TINY_ROWS)
+    copier = start_ray_row_copier(ConnectOnlyDataPlane())
+    reset_tq_state()
+    keepalive: list = []
+    try:
+        results = asyncio.run(run_downtime(connect_client(), config, destinations, copier, keepalive))
+    finally:
+        keepalive.clear()
+        reset_tq_state()
+
+    assert [(r.destination, r.mode) for r in results] == [
+        ("local", "sync"),
+        ("local", "async"),
+        ("s3-moto", "sync"),
+        ("s3-moto", "async"),
+    ]
+    for r in results:
+        assert len(r.staging_s) == len(r.downtime_s) == len(r.total_s) == 1
+        assert r.staging_s[0] > 0 and r.downtime_s[0] > 0
+    for dest in destinations:  # every save committed; retention kept the newest
+        (run,) = [u for u in dest_runs(dest) if u.rsplit("/", 1)[-1].startswith("downtime-")]
+        store = BundleStore(run, dest.storage_options)
+        assert store.steps() == [2]
+        store.open(2).verify()
+    write_json(tmp_path / "downtime.json", result_document_downtime(results, config, {"command": "test"}))
+    assert json.loads((tmp_path / "downtime.json").read_text())["benchmark"] == "save_downtime"
+    assert downtime_table(results).count("| async |") == 2

@@ -194,5 +194,5 @@ def test_a_format_2_bundle_with_its_one_file_policy_is_refused_naming_that_file(
 def test_the_manifest_says_which_mode_is_the_rollout_order_and_which_the_upload_timing(trained_run):
     metadata = BundleStore(trained_run).open(4).manifest.metadata
     assert metadata[layout.META_ROLLOUT_ORDER] == "in_order"
-    assert metadata[layout.META_UPLOAD_TIMING] == "staged"
+    assert metadata[layout.META_UPLOAD_TIMING] == "pinned"  # the run's default
     assert metadata[layout.META_FORMAT] == layout.RUN_BUNDLE_FORMAT

@@ -8,6 +8,7 @@ import pytest
 from rlckpt.controller import loop as loop_module
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.loop import SaveFailedError
+from rlckpt.controller.trainer_group import StagedRankPolicy
 from rlckpt.grpo import (
     DigitSumTask,
     GenerationWorker,
@@ -17,7 +18,7 @@ from rlckpt.grpo import (
     run_steps,
 )
 from rlckpt.store import BundleStore
-from rlckpt.testing.controller import run_in_process
+from rlckpt.testing.controller import InProcessRun, run_in_process
 
 SMALL = GRPOConfig(group_size=4, prompts_per_step=4)
 
@@ -67,23 +68,114 @@ def test_a_failed_save_stops_the_run_by_default(tmp_path, monkeypatch):
     async def broken(parts, step, **kw):
         raise OSError("disk full")
 
-    monkeypatch.setattr(loop_module, "save_bundle", broken)
+    monkeypatch.setattr(loop_module, "start_save", broken)
     with pytest.raises(SaveFailedError, match="save of step 2 .* disk full"):
         _run(str(tmp_path / "run"), 4)
 
 
 def test_a_failed_save_can_be_skipped_and_the_next_one_commits(tmp_path, monkeypatch):
-    real = loop_module.save_bundle
+    real = loop_module.start_save
 
     async def flaky(parts, step, **kw):
         if step == 2:
             raise OSError("disk full")
         return await real(parts, step, **kw)
 
-    monkeypatch.setattr(loop_module, "save_bundle", flaky)
+    monkeypatch.setattr(loop_module, "start_save", flaky)
     summary = _run(str(tmp_path / "run"), 4, save_failure="continue")
     assert summary.step == 4
     assert BundleStore(str(tmp_path / "run")).steps() == [4]
+
+
+def _policy_write_fails_at(monkeypatch, failing_step: int) -> None:
+    """The background half of a save fails: writing the staged policy of ``failing_step`` raises."""
+    real = StagedRankPolicy.write
+
+    async def write(self):
+        if self.step == failing_step:
+            await real(self)  # the rank's own save runs to its end; then the write "fails"
+            raise OSError("disk full")
+        return await real(self)
+
+    monkeypatch.setattr(StagedRankPolicy, "write", write)
+
+
+def test_an_async_save_failing_in_the_background_stops_the_run_and_commits_nothing(tmp_path, monkeypatch):
+    _policy_write_fails_at(monkeypatch, 2)
+    with pytest.raises(SaveFailedError, match="save of step 2 .* disk full"):
+        _run(str(tmp_path / "run"), 6)
+    store = BundleStore(str(tmp_path / "run"))
+    assert store.steps() == []
+    report = store.gc(dry_run=True, stale_after=0)
+    assert report.removed == [] and report.skipped == []  # the transaction was aborted, not left behind
+
+
+def test_an_async_save_failing_in_the_background_is_reported_and_the_run_goes_on(tmp_path, monkeypatch):
+    _policy_write_fails_at(monkeypatch, 2)
+    events: list[dict] = []
+    config = TrainConfig(run_dir=str(tmp_path / "run"), steps=4, save_every=2, grpo=SMALL, save_failure="continue")
+    summary = asyncio.run(run_in_process(config, on_event=events.append)).summary
+    assert summary.step == 4
+    assert BundleStore(str(tmp_path / "run")).steps() == [4]
+    failed = [e for e in events if e.get("event") == "save" and "save_error" in e]
+    assert [e["step"] for e in failed] == [2] and "disk full" in failed[0]["save_error"]
+
+
+def test_training_goes_on_while_an_async_save_is_written_and_the_next_save_waits_for_it(tmp_path):
+    """Save 2 is held just before its COMMIT until the trainer has reached step 4: steps 3 and 4 train
+    while it is in flight, and save 4 (due meanwhile) waits for it rather than running beside it."""
+    run = InProcessRun()
+    events: list[dict] = []
+    steps_while_held: list[int] = []
+
+    async def hold(step: int) -> None:
+        if step == 2:
+            while run.loop.state.step < 4:
+                steps_while_held.append(run.loop.state.step)
+                await asyncio.sleep(0.005)
+
+    config = TrainConfig(run_dir=str(tmp_path / "run"), steps=4, save_every=2, grpo=SMALL)
+    asyncio.run(run_in_process(config, before_commit=hold, on_event=events.append, run=run))
+    assert 3 in steps_while_held  # the train pump stepped past the save in flight
+    step4 = next(e for e in events if e.get("event") == "step" and e["step"] == 4)
+    assert step4["save_started"] == 4 and step4["save_wait_s"] > 0
+    saved = [e["saved"] for e in events if e.get("event") == "save" and "saved" in e]
+    assert saved == [2, 4]
+    assert BundleStore(str(tmp_path / "run")).steps() == [2, 4]
+
+
+def test_stopping_a_run_with_a_save_in_flight_aborts_it_and_keeps_the_previous_bundle(tmp_path):
+    run = InProcessRun()
+    held = asyncio.Event()
+
+    async def hold(step: int) -> None:
+        if step == 4:
+            held.set()
+            await asyncio.Event().wait()  # never returns: the run is stopped while this save is in flight
+
+    async def main() -> None:
+        config = TrainConfig(run_dir=str(tmp_path / "run"), steps=6, save_every=2, grpo=SMALL)
+        task = asyncio.create_task(run_in_process(config, before_commit=hold, run=run))
+        await held.wait()
+        task.cancel()  # what SIGTERM / Ctrl-C amounts to in the controller
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # checked before asyncio.run's shutdown would cancel anything left over
+        assert [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("save-")] == []
+        store = BundleStore(str(tmp_path / "run"))
+        assert store.steps() == [2]
+        report = store.gc(dry_run=True, stale_after=0)
+        assert report.removed == [] and report.skipped == []  # step 4's transaction was aborted, not left behind
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("upload_timing", ["staged", "pinned"])
+def test_in_order_resume_is_bit_exact_with_synchronous_saves(tmp_path, upload_timing):
+    straight = _run(str(tmp_path / "straight"), 8, async_saves=False, upload_timing=upload_timing)
+    _run(str(tmp_path / "run"), 4, async_saves=False, upload_timing=upload_timing)
+    resumed = _run(str(tmp_path / "run"), 8, async_saves=False, upload_timing=upload_timing)
+    assert resumed.resumed_from == 4 and resumed.policy_sha256 == straight.policy_sha256
 
 
 def test_a_run_already_at_its_target_resumes_and_trains_nothing(tmp_path):

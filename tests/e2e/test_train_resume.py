@@ -104,16 +104,18 @@ def test_async_restart_loses_no_prompt_and_trains_none_twice(tmp_path):
 
 def _kill_run(proc: subprocess.Popen, ray_dir: str) -> None:
     """SIGKILL the driver and every Ray process of its private cluster (they name its temp dir)."""
-    os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the run's whole process group has exited already
+        pass
     proc.wait(timeout=30)
     subprocess.run(["pkill", "-9", "-f", ray_dir], check=False)
     time.sleep(1.0)
 
 
-def test_sigkill_in_the_middle_of_a_save_resumes_from_the_previous_bundle(tmp_path):
-    run_dir = str(tmp_path / "run")
+def _start_held_run(tmp_path, run_dir: str, ray_dir: str, steps: int = 6) -> tuple[subprocess.Popen, object]:
+    """`rlckpt train` with the save of step 4 held before its COMMIT; returns once it is held."""
     held = tmp_path / "save-4-is-held"
-    ray_dir = tempfile.mkdtemp(prefix="rlckpt-kill-", dir="/tmp")
     cmd = [
         sys.executable,
         "-m",
@@ -124,25 +126,34 @@ def test_sigkill_in_the_middle_of_a_save_resumes_from_the_previous_bundle(tmp_pa
         "--run-dir",
         run_dir,
         "--steps",
-        "6",
+        str(steps),
         "--save-every",
         "2",
         "--json",
         "--ray-temp-dir",
         ray_dir,
     ]
-    log = tmp_path / "killed-run.log"  # a file, not a pipe: a full pipe would stall the run
+    log = tmp_path / "held-run.log"  # a file, not a pipe: a full pipe would stall the run
     with open(log, "wb") as sink:
         proc = subprocess.Popen(cmd, stdout=sink, stderr=sink, start_new_session=True)
-    try:
-        deadline = time.monotonic() + RUN_TIMEOUT_S
-        while not held.exists():
-            assert proc.poll() is None, f"run ended before the save of step 4: {log.read_text()[-3000:]}"
-            if time.monotonic() > deadline:
-                pytest.fail("the save of step 4 never started")
-            time.sleep(0.2)
-    finally:
-        _kill_run(proc, ray_dir)
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not held.exists():
+        if proc.poll() is not None:
+            pytest.fail(f"run ended before the save of step 4: {log.read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            _kill_run(proc, ray_dir)
+            pytest.fail("the save of step 4 never started")
+        time.sleep(0.2)
+    return proc, log
+
+
+def test_sigkill_while_a_save_uploads_in_the_background_resumes_from_the_previous_bundle(tmp_path):
+    """Saves are async: save 4 is held before its COMMIT while training goes on, and the whole
+    process tree is SIGKILLed then. The next run resumes from step 2 and saves 4 anew."""
+    run_dir = str(tmp_path / "run")
+    ray_dir = tempfile.mkdtemp(prefix="rlckpt-kill-", dir="/tmp")
+    proc, _log = _start_held_run(tmp_path, run_dir, ray_dir)
+    _kill_run(proc, ray_dir)
     store = BundleStore(run_dir)
     assert store.latest() == 2, "the killed save must not be visible"
     assert any(e.step == 4 and e.state != "committed" for e in store.entries())
@@ -152,3 +163,19 @@ def test_sigkill_in_the_middle_of_a_save_resumes_from_the_previous_bundle(tmp_pa
     assert resumed["bundles"] == [2, 4, 6]
     for step in resumed["bundles"]:
         store.open(step).verify()
+
+
+def test_sigterm_with_a_save_in_flight_aborts_it_cleanly(tmp_path):
+    """SIGTERM to `rlckpt train` while save 4 is in flight: the controller aborts that transaction
+    (nothing committed, its intent and staging removed, not left for gc) and the process exits."""
+    run_dir = str(tmp_path / "run")
+    ray_dir = tempfile.mkdtemp(prefix="rlckpt-term-", dir="/tmp")
+    proc, log = _start_held_run(tmp_path, run_dir, ray_dir)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    finally:
+        _kill_run(proc, ray_dir)  # whatever is left of the private cluster
+    store = BundleStore(run_dir)
+    assert store.steps() == [2]
+    assert [e.step for e in store.entries() if e.state != "committed"] == [], log.read_text()[-3000:]

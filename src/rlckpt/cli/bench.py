@@ -42,9 +42,15 @@ what it does:
   second `rlckpt train` on a fresh Ray cluster resumes it; timed from process start to its first
   train step. Writes save_restore.{json,md} to --out-dir.
 
+  With --async it measures instead how long a save blocks the train pump: synchronous saves (the
+  whole save) against async ones (begin + policy staging + the window; the rest runs beside
+  training), next to the time the policy takes to stage to host memory (real tensors, cloned as
+  DCP's async_save stager does). Pinned upload timing. Writes save_downtime.{json,md}.
+
 examples:
   rlckpt bench save                                      # 256 MiB data plane + 64 MiB policy, local + S3
   rlckpt bench save --size 64 --repeats 3 --no-first-step
+  rlckpt bench save --async --policy-mib 256             # train-pump downtime, sync vs async
 """
 
 
@@ -184,6 +190,12 @@ def _add_save(sub: Any) -> None:
     p.add_argument("--policy-mib", type=float, default=64.0, metavar="MIB", help="policy blob size in MiB (default 64)")
     p.add_argument("--repeats", type=int, default=2, metavar="N", help="repetitions per destination (default 2)")
     p.add_argument("--no-first-step", action="store_true", help="skip the fresh-cluster `rlckpt train` resume from S3")
+    p.add_argument(
+        "--async",
+        dest="async_saves",
+        action="store_true",
+        help="measure train-pump downtime per save, synchronous vs async, against policy staging time",
+    )
     p.add_argument("--quick", action="store_true", help="tiny run for a smoke test: 2 MiB, 1 repeat, no first-step run")
     _common_bench_args(p)
     p.set_defaults(func=run_save)
@@ -395,6 +407,9 @@ def _replot(args: argparse.Namespace) -> int:
 def run_save(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
+    if args.async_saves:
+        return run_save_downtime(args)
+
     from rlckpt.bench.first_step import measure_first_step
     from rlckpt.bench.harness import destinations, private_transfer_queue, run_metadata
     from rlckpt.bench.report import save_restore_table, write_json
@@ -438,6 +453,64 @@ def run_save(args: argparse.Namespace) -> int:
     (out / "save_restore.md").write_text(f"Command: `{meta['command']}` ({meta['date_utc']})\n\n" + markdown)
     print(markdown)
     print(f"wrote {out}/save_restore.json, .md", file=sys.stderr)
+    return _common.EXIT_OK
+
+
+def run_save_downtime(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from rlckpt.bench.harness import destinations, private_transfer_queue, run_metadata
+    from rlckpt.bench.report import write_json
+    from rlckpt.bench.save_downtime import DowntimeConfig, DowntimeResult, downtime_table, result_document, run_downtime
+    from rlckpt.checkpoint.row_copy import start_ray_row_copier
+    from rlckpt.controller.connect import ConnectOnlyDataPlane
+    from rlckpt.testing.tq import connect_client, reset_tq_state
+
+    _check_destinations(args)
+    config = DowntimeConfig(
+        size_mib=2.0 if args.quick else args.size,
+        policy_mib=2.0 if args.quick else args.policy_mib,
+        repeats=1 if args.quick else args.repeats,
+        staging_root=args.staging_dir,
+        compress=False if args.no_compress else None,
+    )
+    meta = run_metadata(_command_line())
+
+    def show(r: DowntimeResult) -> None:
+        print(
+            f"  {r.destination:<8} {r.mode:<5} staging {r.median('staging_s') * 1e3:7.0f} ms  "
+            f"downtime {r.median('downtime_s') * 1e3:7.0f} ms  ({r.ratio:.2f}x)  "
+            f"whole save {r.median('total_s'):.2f} s",
+            file=sys.stderr,
+        )
+
+    print("rlckpt bench save --async: starting Ray + TransferQueue ...", file=sys.stderr)
+    keepalive: list[Any] = []
+    with (
+        private_transfer_queue(),
+        destinations(
+            args.destinations,
+            scratch_root=args.scratch_dir,
+            rgw_endpoint=args.rgw_endpoint,
+            rgw_key=args.rgw_key,
+            rgw_secret=args.rgw_secret,
+        ) as dests,
+    ):
+        reset_tq_state()
+        copier = start_ray_row_copier(ConnectOnlyDataPlane())
+        try:
+            results = asyncio.run(
+                run_downtime(connect_client(), config, dests.destinations, copier, keepalive, on_result=show)
+            )
+        finally:
+            keepalive.clear()
+            reset_tq_state()
+    out = Path(args.out_dir)
+    write_json(out / "save_downtime.json", result_document(results, config, meta))
+    markdown = downtime_table(results)
+    (out / "save_downtime.md").write_text(f"Command: `{meta['command']}` ({meta['date_utc']})\n\n" + markdown)
+    print(markdown)
+    print(f"wrote {out}/save_downtime.json, .md", file=sys.stderr)
     return _common.EXIT_OK
 
 

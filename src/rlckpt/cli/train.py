@@ -115,6 +115,19 @@ def add_parser(subparsers: Any) -> None:
         help="what a failed save does: stop the run (default) or log and go on",
     )
     parser.add_argument(
+        "--upload-timing",
+        choices=("pinned", "staged", "inline"),
+        default="pinned",
+        help="what the save window holds: only the replay-index capture, the captured rows copied after it "
+        "(pinned, default); TransferQueue's snapshot, uploaded after the window (staged) or inside it (inline)",
+    )
+    parser.add_argument(
+        "--sync-saves",
+        action="store_true",
+        help="the train pump waits for each whole save (default: only for policy staging and the window; "
+        "the rest is written while training goes on, one save in flight at most)",
+    )
+    parser.add_argument(
         "--ray-temp-dir",
         default=None,
         metavar="DIR",
@@ -209,6 +222,8 @@ def run(
         keep_last=args.keep_last,
         staging_dir=args.staging_dir,
         save_failure=args.save_failure,
+        upload_timing=args.upload_timing,
+        async_saves=not args.sync_saves,
         compress_data_plane={"auto": None, "zstd": True, "none": False}[args.compress],
         trainer_ranks=args.trainer_ranks,
         trainer_resources=args.trainer_resources,
@@ -239,12 +254,14 @@ def run(
         bar = tqdm(total=config.steps, initial=start, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
 
         def on_event(event: dict[str, Any]) -> None:
-            bar.update(event["step"] - bar.n)
-            bar.set_postfix(reward=f"{event['reward']:.3f}")
+            if event.get("event") == "step":
+                bar.update(event["step"] - bar.n)
+                bar.set_postfix(reward=f"{event['reward']:.3f}")
             if "saved" in event:
+                downtime = f", train pump waited {event['save_downtime_s']:.2f}s" if "save_downtime_s" in event else ""
                 bar.write(
-                    f"  saved step {event['saved']}: {event['save_s']:.2f}s, window {event['window_s'] * 1e3:.1f} ms, "
-                    f"max rollout stall {event['stall_max_s'] * 1e3:.1f} ms",
+                    f"  saved step {event['saved']}: {event['save_s']:.2f}s{downtime}, "
+                    f"window {event['window_s'] * 1e3:.1f} ms, max rollout stall {event['stall_max_s'] * 1e3:.1f} ms",
                     file=sys.stderr,
                 )
             elif "save_error" in event:

@@ -6,6 +6,7 @@ loads and checks the restored index before the pumps start.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import asdict
 from typing import Any
 
@@ -26,6 +27,7 @@ class SingleControllerActor:
         self.args = args
         self.data_plane = data_plane
         self._events: list[dict[str, Any]] = []
+        self._running: asyncio.Task[Any] | None = None
 
     async def run(self) -> dict[str, Any]:
         """Run the job to ``config.steps`` and return the RunSummary as a dict."""
@@ -38,10 +40,21 @@ class SingleControllerActor:
                 data_plane=data_plane,
                 on_event=self._events.append,
             )
+            self._running = asyncio.current_task()
             summary = await loop.run()
         finally:
             await data_plane.close()  # connect-only: drops the client, never stops TransferQueue
         return asdict(summary)
+
+    async def stop(self) -> bool:
+        """Cancel the run (the driver's SIGTERM / Ctrl-C): a save in flight is aborted, nothing of it
+        committed. True when a run was stopped."""
+        task, self._running = self._running, None
+        if task is None or task.done():
+            return False
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return True
 
     def drain_events(self) -> list[dict[str, Any]]:
         """Progress events since the last call (the driver polls this)."""

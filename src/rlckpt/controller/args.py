@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlckpt.checkpoint.restore import RestoredRun
+from rlckpt.checkpoint.row_copy import RowCopier
 from rlckpt.checkpoint.save import SaveHook
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.connect import ReplayBufferSpec
@@ -42,3 +43,4 @@ class ControllerArgs:
     replay: ReplayBufferSpec  # built only once the restore phase was ready
     restored: RestoredIndex | None = None
     before_commit: SaveHook | None = None  # must be picklable to reach the actor
+    row_copier: RowCopier | None = None  # pinned saves: copies the captured rows (a Ray actor's handle)

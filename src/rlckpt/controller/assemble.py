@@ -52,6 +52,7 @@ async def assemble_controller(
         resumed_from=args.restored.step if args.restored else None,
         on_event=on_event,
         before_commit=args.before_commit,
+        row_copier=args.row_copier,
     )
 
 

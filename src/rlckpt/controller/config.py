@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rlckpt.checkpoint.save import UploadTiming
 from rlckpt.dataplane.tq_client import DEFAULT_TQ_CONFIG
 from rlckpt.grpo import GRPOConfig
 
@@ -29,6 +30,10 @@ class TrainConfig:
     keep_last: int | None = None  # retention after each commit (None: keep all)
     staging_dir: str | None = None  # local staging for snapshots (default: tmpfs when available)
     save_failure: SaveFailure = "stop"
+    # pinned: the window holds only the index capture; staged/inline: TransferQueue's own snapshot in it
+    upload_timing: UploadTiming = "pinned"
+    # True: a save blocks the train pump only for policy staging + the window; the rest runs beside training
+    async_saves: bool = True
     compress_data_plane: bool | None = None  # None: zstd on object stores, plain on local disk
     partition_id: str = "rollouts"
     num_prompts: int = 64
@@ -54,6 +59,8 @@ class TrainConfig:
             raise ValueError(
                 f"trainer_ranks must be >= 1 and rank_timeout_s > 0, got {self.trainer_ranks}, {self.rank_timeout_s}"
             )
+        if self.upload_timing not in ("pinned", "staged", "inline"):
+            raise ValueError(f"upload_timing must be 'pinned', 'staged' or 'inline', got {self.upload_timing!r}")
         if self.save_failure not in ("stop", "continue"):
             raise ValueError(f"save_failure must be 'stop' or 'continue', got {self.save_failure!r}")
 

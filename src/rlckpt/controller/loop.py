@@ -16,14 +16,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from rlckpt.checkpoint import layout
-from rlckpt.checkpoint.save import SaveHook, SaveParticipants, SaveReport, save_bundle
+from rlckpt.checkpoint.row_copy import RowCopier
+from rlckpt.checkpoint.save import PendingSave, SaveHook, SaveParticipants, SaveReport, start_save
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.handles import Generator, Trainer
 from rlckpt.errors import CheckpointError, LoaderStateError
@@ -104,6 +106,7 @@ class ControllerLoop:
         resumed_from: int | None = None,
         on_event: Callable[[dict[str, Any]], None] | None = None,
         before_commit: SaveHook | None = None,
+        row_copier: RowCopier | None = None,
     ) -> None:
         self.config = config
         self.task = task
@@ -135,7 +138,10 @@ class ControllerLoop:
                 layout.META_TRAINER_RANKS: trainer.world_size,
             },
             before_commit=before_commit,
+            row_copier=row_copier,
         )
+        self._save_in_flight: asyncio.Task[None] | None = None
+        self._background_failure: SaveFailedError | None = None
 
     # --- the run ---------------------------------------------------------------------------------
 
@@ -157,7 +163,9 @@ class ControllerLoop:
                 await asyncio.gather(train, return_exceptions=True)
                 raise rollout.exception()  # type: ignore[misc]
             await train
+            await self._join_save_in_flight()  # the last save commits before the run ends (rollouts still flow)
         finally:
+            await self._abort_save_in_flight()  # only when stopped early: nothing half-committed is left
             rollout.cancel()
             await asyncio.gather(rollout, return_exceptions=True)
         return RunSummary(
@@ -224,6 +232,7 @@ class ControllerLoop:
     async def _train_pump(self) -> None:
         cfg = self.config
         while self.state.step < cfg.steps:
+            self._raise_background_failure()  # an async save that failed stops the run here (save_failure=stop)
             k = self.state.step
             groups = await self.replay.take(cfg.grpo.prompts_per_step, target_step=k)
             batch, draws = await self._advantage_stage(groups)
@@ -260,22 +269,78 @@ class ControllerLoop:
         return TrainBatch.from_rows(rows), draws
 
     async def _save(self, step: int) -> dict[str, Any]:
+        """Start the save of ``step``; the train pump waits only for its foreground (policy staging and
+        the window) when saves are async, else for the whole save. At most one save is in flight: one
+        that comes due while the previous is still writing waits for it (the wait is in the event)."""
+        out: dict[str, Any] = {}
+        if self._save_in_flight is not None:
+            waited = time.perf_counter()
+            await self._join_save_in_flight()
+            out["save_wait_s"] = time.perf_counter() - waited
         stats = self.replay.barrier.stats()
         try:
-            report = await save_bundle(self.save_parts, step)
+            pending = await start_save(self.save_parts, step, upload_timing=self.config.upload_timing)
         except Exception as exc:
-            logger.error("save of step %d failed: %s: %s", step, type(exc).__name__, exc)
-            if self.config.save_failure == "stop":
-                raise SaveFailedError(f"save of step {step} to {self.store.url} failed: {exc}") from exc
-            return {"save_error": f"{type(exc).__name__}: {exc}"}
+            return {**out, **self._save_failed(step, exc)}
+        out["save_downtime_s"] = pending.foreground_s
+        finish = self._finish_save(pending, len(stats.mutation_waits))
+        if self.config.async_saves:
+            self._save_in_flight = asyncio.create_task(self._background(finish, step), name=f"save-{step}")
+            out["save_started"] = step
+            return out
+        return {**out, **await finish}
+
+    async def _finish_save(self, pending: PendingSave, waits_before: int) -> dict[str, Any]:
+        step = pending.step
+        try:
+            report = await pending.finish()
+        except Exception as exc:
+            return self._save_failed(step, exc)
         self.saves.append(report)
-        waits = self.replay.barrier.stats().mutation_waits[len(stats.mutation_waits) :]
+        waits = self.replay.barrier.stats().mutation_waits[waits_before:]
         return {
             "saved": step,
             "save_s": report.total_s,
             "window_s": report.window_s,
             "stall_max_s": max(waits, default=0.0),
         }
+
+    async def _background(self, finish: Awaitable[dict[str, Any]], step: int) -> None:
+        """An async save's rest, beside training; its outcome is reported as its own ``save`` event."""
+        try:
+            result = await finish
+        except SaveFailedError as exc:  # --save-failure stop: the train pump raises it at its next step
+            self._background_failure = exc
+            result = {"save_error": str(exc.__cause__ or exc)}
+        self.on_event({"event": "save", "step": step, "reward": self.last_reward, **result})
+
+    async def _join_save_in_flight(self) -> None:
+        """Wait for the save in flight (if any) to commit or fail; a failure that stops the run raises."""
+        task, self._save_in_flight = self._save_in_flight, None
+        if task is not None:
+            await asyncio.shield(task)  # cancelling the waiter must not cancel the save: the abort does that
+        self._raise_background_failure()
+
+    def _raise_background_failure(self) -> None:
+        failure, self._background_failure = self._background_failure, None
+        if failure is not None:
+            raise failure
+
+    async def _abort_save_in_flight(self) -> None:
+        """The run stops early (failure, cancel, SIGTERM): the save in flight is cancelled, which aborts
+        its transaction — nothing is committed and the newest committed bundle stays the resume point."""
+        task, self._save_in_flight = self._save_in_flight, None
+        if task is not None and not task.done():
+            logger.warning("run stopping with a save in flight: aborting it (nothing of it is committed)")
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    def _save_failed(self, step: int, exc: BaseException) -> dict[str, Any]:
+        """``--save-failure stop`` raises SaveFailedError; ``continue`` reports it and goes on."""
+        logger.error("save of step %d failed: %s: %s", step, type(exc).__name__, exc)
+        if self.config.save_failure == "stop":
+            raise SaveFailedError(f"save of step {step} to {self.store.url} failed: {exc}") from exc
+        return {"save_error": f"{type(exc).__name__}: {exc}"}
 
     # --- helpers -----------------------------------------------------------------------------------
 

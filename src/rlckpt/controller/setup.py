@@ -19,6 +19,7 @@ from typing import Any
 
 from rlckpt.checkpoint.phase import RestorePhase
 from rlckpt.checkpoint.restore import RestoredRun, restore_run
+from rlckpt.checkpoint.row_copy import start_ray_row_copier
 from rlckpt.checkpoint.save import SaveHook
 from rlckpt.controller.actor import SingleControllerActor
 from rlckpt.controller.args import ControllerArgs, RestoredIndex
@@ -35,6 +36,7 @@ from rlckpt.store import BundleStore
 logger = logging.getLogger(__name__)
 
 EVENT_POLL_S = 0.5  # how often the driver forwards the actor's progress events
+STOP_TIMEOUT_S = 30.0  # how long an interrupted run may take to abort its save in flight
 
 
 @dataclass
@@ -52,13 +54,26 @@ class SingleController:
         import ray
 
         ref = self.actor.run.remote()
-        while True:
-            ready, _ = ray.wait([ref], timeout=EVENT_POLL_S)
-            for event in ray.get(self.actor.drain_events.remote()):
-                if on_event:
-                    on_event(event)
-            if ready:
-                return RunSummary(**ray.get(ref))
+        try:
+            while True:
+                ready, _ = ray.wait([ref], timeout=EVENT_POLL_S)
+                for event in ray.get(self.actor.drain_events.remote()):
+                    if on_event:
+                        on_event(event)
+                if ready:
+                    return RunSummary(**ray.get(ref))
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: abort a save in flight cleanly before the actors go
+            self._stop_actor()
+            raise
+
+    def _stop_actor(self) -> None:
+        import ray
+
+        try:
+            if ray.get(self.actor.stop.remote(), timeout=STOP_TIMEOUT_S):
+                logger.info("controller stopped; a save in flight (if any) was aborted")
+        except Exception as exc:  # the actor is killed next anyway; gc removes what an abort could not
+            logger.warning("controller did not stop cleanly within %.0fs: %s", STOP_TIMEOUT_S, exc)
 
     def shutdown(self) -> None:
         """Stop the actors, then the trainer side (its ranks and TransferQueue)."""
@@ -119,6 +134,7 @@ def setup_single_controller(
     replay = replay_buffer_spec(phase, partition_id=config.partition_id, group_size=config.grpo.group_size)
     generator = make_generation_actor(config.grpo, task, num_cpus=0)
 
+    copier = start_ray_row_copier(data_plane) if config.upload_timing == "pinned" else None
     args = ControllerArgs(
         config=config,
         task=task,
@@ -129,8 +145,10 @@ def setup_single_controller(
         replay=replay,
         restored=RestoredIndex.from_run(restored) if restored else None,
         before_commit=before_commit,
+        row_copier=copier,
     )
+    extra_actors = [generator] + ([copier.actor] if copier is not None else [])
     actor = ray.remote(SingleControllerActor).options(num_cpus=0).remote(args, data_plane)  # 5
     seconds = time.perf_counter() - started
     logger.info("controller set up in %.1fs (%s)", seconds, f"resumed step {restored.step}" if restored else "fresh")
-    return SingleController(actor, trainer_side, store, restored, extra_actors=[generator])
+    return SingleController(actor, trainer_side, store, restored, extra_actors=extra_actors)

@@ -9,10 +9,14 @@ second per step and check the restored index exactly as the controller actor doe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from rlckpt.checkpoint.phase import RestorePhase
 from rlckpt.checkpoint.restore import RestoredRun, restore_run
+from rlckpt.checkpoint.row_copy import RowCopyWorker
+from rlckpt.checkpoint.save import SaveHook
 from rlckpt.controller.args import ControllerArgs, RestoredIndex
 from rlckpt.controller.assemble import assemble_controller
 from rlckpt.controller.config import TrainConfig
@@ -47,9 +51,17 @@ class InMemoryDataPlaneSpec:
         return InMemoryDataPlane(self.plane)
 
 
-async def run_in_process(config: TrainConfig) -> InProcessRun:
-    """Resume (or start) ``config.run_dir`` and train to ``config.steps`` in this process."""
-    run = InProcessRun()
+async def run_in_process(
+    config: TrainConfig,
+    *,
+    before_commit: SaveHook | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    run: InProcessRun | None = None,
+) -> InProcessRun:
+    """Resume (or start) ``config.run_dir`` and train to ``config.steps`` in this process.
+
+    ``run`` (optional) is filled as the run goes, so a test can reach the loop while it runs."""
+    run = run if run is not None else InProcessRun()
     store = BundleStore(config.run_dir, config.storage_options)
     task = DigitSumTask(seed=config.task_seed, num_prompts=config.num_prompts)
     loader = PromptLoader(task, config.grpo.prompts_per_step, seed=config.grpo.seed)
@@ -78,9 +90,11 @@ async def run_in_process(config: TrainConfig) -> InProcessRun:
         generator=LocalGenerator(GenerationWorker(config.grpo, task)),
         replay=replay_buffer_spec(run.phase, partition_id=config.partition_id, group_size=config.grpo.group_size),
         restored=RestoredIndex.from_run(restored) if restored else None,
+        row_copier=RowCopyWorker(InMemoryDataPlaneSpec(run.plane)),
+        before_commit=before_commit,
     )
     run.phase.require_ready("the connect-only data-plane client")
     data_plane = InMemoryDataPlaneSpec(run.plane).connect()
-    run.loop = await assemble_controller(args, store=store, data_plane=data_plane)
+    run.loop = await assemble_controller(args, store=store, data_plane=data_plane, on_event=on_event)
     run.summary = await run.loop.run()
     return run
