@@ -132,6 +132,12 @@ class ShardedCheckpointError(CheckpointError):
     for a second save of its one transaction, an unsupported DCP mode. Names the step and the file."""
 
 
+class TrainerGroupError(CheckpointError):
+    """A call to the trainer ranks failed: a rank raised, died, or did not answer within its timeout.
+    Names the call (and its step) and each failed rank with its cause. A failed save of the policy
+    aborts the whole transaction (nothing committed); a rank that died leaves the group unusable."""
+
+
 # --- grpo ----------------------------------------------------------------------------------------
 
 

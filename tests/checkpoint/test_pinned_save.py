@@ -91,12 +91,19 @@ def parts_for(url, options, replay, copier) -> SaveParticipants:
     )
 
 
+class NoTrainer:
+    """The restore's trainer side, loading nothing (these tests look at the data plane)."""
+
+    async def load_policy(self, location) -> None:
+        return None
+
+
 async def restored_rows(url, options, step) -> tuple[InMemoryStore, dict]:
     """Restore the bundle into a fresh plane, as a resumed run would; its rows and the index."""
     fresh = InMemoryStore()
     run = await restore_run(
         BundleStore(url, options),
-        trainer=type("T", (), {"load_state_bytes": lambda self, b: None})(),
+        trainer=NoTrainer(),
         bootstrap=InMemoryDataPlane(fresh),
         phase=RestorePhase(),
         resume_step=step,

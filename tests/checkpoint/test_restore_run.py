@@ -9,7 +9,7 @@ import torch
 
 from rlckpt.checkpoint import layout
 from rlckpt.checkpoint.phase import Phase, RestorePhase
-from rlckpt.checkpoint.restore import restore_run
+from rlckpt.checkpoint.restore import PolicyLocation, restore_run
 from rlckpt.controller.config import TrainConfig
 from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
 from rlckpt.errors import (
@@ -24,12 +24,17 @@ from rlckpt.testing.controller import run_in_process
 SMALL = GRPOConfig(group_size=4, prompts_per_step=4)
 
 
-class SpyTrainer:
-    def __init__(self) -> None:
-        self.loaded: list[bytes] = []
+POLICY_SHARD = f"{layout.POLICY_DIR}/__0_0.distcp"  # the one rank's shard file (DCP's name)
 
-    def load_state_bytes(self, data: bytes) -> None:
-        self.loaded.append(data)
+
+class SpyTrainer:
+    """Records where each restore told the trainer ranks to load the policy from."""
+
+    def __init__(self) -> None:
+        self.loaded: list[PolicyLocation] = []
+
+    async def load_policy(self, location: PolicyLocation) -> None:
+        self.loaded.append(location)
 
 
 def _train(run_dir: str, steps: int, options=None) -> None:
@@ -72,7 +77,7 @@ def test_restore_loads_the_newest_bundle_into_trainer_loader_and_data_plane(trai
     result, trainer, phase, bootstrap = _restore(store)
     bundle = store.open(4)
     assert result.step == 4 and phase.state is Phase.RESTORED
-    assert trainer.loaded == [bundle.read_bytes(layout.POLICY_FILE)]
+    assert trainer.loaded == [PolicyLocation(store.url, {}, 4, layout.POLICY_DIR)]
     assert result.loader_state["step"] == 4
     indexed = sorted(s for g in result.replay_state["groups"] for s in g["sample_ids"])
     assert asyncio.run(bootstrap.list_sample_ids("rollouts")) == indexed
@@ -117,25 +122,25 @@ def test_a_refused_bundle_leaves_the_phase_closed_to_connect_only_clients(traine
 
 def test_a_flipped_byte_in_the_policy_is_caught_before_the_trainer_loads_it(trained_run, tmp_path):
     run_dir = _copy_run(trained_run, tmp_path)
-    path = Path(run_dir) / "step_4" / layout.POLICY_FILE
+    path = Path(run_dir) / "step_4" / POLICY_SHARD
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x01
     path.write_bytes(bytes(data))
-    trainer_calls: list[bytes] = []
+    spy = SpyTrainer()
     plane = InMemoryStore()
-    with pytest.raises(CheckpointError, match="cannot resume step 4 .*policy/state.pt"):
+    with pytest.raises(CheckpointError, match=f"cannot resume step 4 .*{POLICY_SHARD}"):
         asyncio.run(
             restore_run(
                 BundleStore(run_dir),
-                trainer=type("T", (), {"load_state_bytes": lambda self, b: trainer_calls.append(b)})(),
+                trainer=spy,
                 bootstrap=InMemoryDataPlane(plane),
                 phase=RestorePhase(),
                 resume_step=4,
             )
         )
-    assert trainer_calls == [] and plane.is_empty()
+    assert spy.loaded == [] and plane.is_empty()
     result, trainer, _, _ = _restore(BundleStore(run_dir))  # unpinned: step 2's policy, never step 4's
-    assert result.step == 2 and trainer.loaded == [BundleStore(run_dir).open(2).read_bytes(layout.POLICY_FILE)]
+    assert result.step == 2 and [loc.step for loc in trainer.loaded] == [2]
 
 
 def test_restore_onto_a_data_plane_another_client_touched_is_refused(trained_run):
@@ -168,7 +173,20 @@ def test_a_bundle_of_the_previous_run_bundle_format_is_refused_naming_its_format
             txn.write_bytes(rel, bundle.read_bytes(rel))
         txn.commit(old)
     plane = InMemoryStore()
-    with pytest.raises(CheckpointError, match="run-bundle format 1, this rlckpt reads format 2"):
+    with pytest.raises(CheckpointError, match="run-bundle format 1, this rlckpt reads format 3"):
+        _restore(store, plane=plane)
+    assert plane.is_empty()
+
+
+def test_a_format_2_bundle_with_its_one_file_policy_is_refused_naming_that_file(trained_run, tmp_path):
+    store = BundleStore(str(tmp_path / "run"))
+    bundle = BundleStore(trained_run).open(4)
+    with store.begin(4) as txn:
+        for rel in bundle.manifest.files:
+            txn.write_bytes(rel, bundle.read_bytes(rel))
+        txn.commit({**bundle.manifest.metadata, layout.META_FORMAT: 2})
+    plane = InMemoryStore()
+    with pytest.raises(CheckpointError, match="format 2, this rlckpt reads format 3 .*policy/state.pt"):
         _restore(store, plane=plane)
     assert plane.is_empty()
 

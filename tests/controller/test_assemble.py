@@ -19,9 +19,9 @@ from rlckpt.controller.args import ControllerArgs, RestoredIndex
 from rlckpt.controller.assemble import assemble_controller
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.connect import ReplayBufferSpec, replay_buffer_spec
-from rlckpt.controller.handles import LocalGenerator, LocalTrainer
+from rlckpt.controller.handles import LocalGenerator
 from rlckpt.controller.loop import LoopState
-from rlckpt.controller.trainer_worker import TrainerWorker
+from rlckpt.controller.trainer_group import LocalTrainerGroup
 from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
 from rlckpt.errors import InventoryMismatchError, ReplayStateError
 from rlckpt.grpo import DigitSumTask, GenerationWorker, GRPOConfig, PromptLoader
@@ -91,7 +91,7 @@ def _args(tmp_path, state: dict, *, partition: str = "rollouts", **restored) -> 
         task=task,
         loader=PromptLoader(task, SMALL.prompts_per_step),
         loop_state=LoopState(step=2, next_batch_step=3),
-        trainer=LocalTrainer(TrainerWorker(SMALL)),
+        trainer=LocalTrainerGroup(SMALL),
         generator=LocalGenerator(GenerationWorker(SMALL, task)),
         replay=_replay_spec(partition),
         restored=RestoredIndex(replay_state=state, **index),

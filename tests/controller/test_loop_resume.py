@@ -5,10 +5,10 @@ import asyncio
 
 import pytest
 
-from rlckpt.checkpoint.save import StagedBytes
 from rlckpt.controller import loop as loop_module
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.loop import SaveFailedError
+from rlckpt.controller.trainer_group import StagedRankPolicy
 from rlckpt.grpo import (
     DigitSumTask,
     GenerationWorker,
@@ -89,14 +89,15 @@ def test_a_failed_save_can_be_skipped_and_the_next_one_commits(tmp_path, monkeyp
 
 def _policy_write_fails_at(monkeypatch, failing_step: int) -> None:
     """The background half of a save fails: writing the staged policy of ``failing_step`` raises."""
-    real = StagedBytes.write
+    real = StagedRankPolicy.write
 
     async def write(self, txn):
         if txn.step == failing_step:
+            await real(self, txn)  # the ranks' own writes run to their end; then the write "fails"
             raise OSError("disk full")
         return await real(self, txn)
 
-    monkeypatch.setattr(StagedBytes, "write", write)
+    monkeypatch.setattr(StagedRankPolicy, "write", write)
 
 
 def test_an_async_save_failing_in_the_background_stops_the_run_and_commits_nothing(tmp_path, monkeypatch):

@@ -9,7 +9,6 @@ import logging
 
 import pytest
 
-from rlckpt.checkpoint import layout
 from rlckpt.controller.config import TrainConfig
 from rlckpt.errors import CheckpointError
 from rlckpt.grpo import GRPOConfig
@@ -17,6 +16,7 @@ from rlckpt.store import BundleStore
 from rlckpt.testing.controller import run_in_process
 from rlckpt.testing.store_checks import all_paths, corrupt_file
 
+POLICY_SHARD = "policy/__0_0.distcp"  # rank 0's shard file (DCP's name) in a bundle's policy/
 SMALL = GRPOConfig(group_size=4, prompts_per_step=4)
 
 
@@ -30,7 +30,7 @@ def saved_to_4(store_location):
     """A run saved at steps 2 and 4, whose newest bundle then rots (one bit of the policy)."""
     url, options = store_location
     _run(url, 4, options)
-    corrupt_file(BundleStore(url, options), 4, layout.POLICY_FILE, "flip")
+    corrupt_file(BundleStore(url, options), 4, POLICY_SHARD, "flip")
     return url, options
 
 
@@ -40,7 +40,7 @@ def test_resume_skips_a_corrupt_newest_bundle_and_says_so(saved_to_4, caplog):
         run = _run(url, 4, options)
     assert run.restored.step == 2
     assert [s.step for s in run.restored.skipped] == [4]
-    assert layout.POLICY_FILE in run.restored.skipped[0].reason
+    assert POLICY_SHARD in run.restored.skipped[0].reason
     assert "SKIPPING step 4" in caplog.text
 
 
@@ -95,6 +95,6 @@ def test_resume_step_that_does_not_exist_fails(store_location):
 
 def test_resume_fails_without_loading_anything_when_no_bundle_verifies(saved_to_4):
     url, options = saved_to_4
-    corrupt_file(BundleStore(url, options), 2, layout.POLICY_FILE, "truncate")
+    corrupt_file(BundleStore(url, options), 2, POLICY_SHARD, "truncate")
     with pytest.raises(CheckpointError, match="no committed bundle .* verifies"):
         _run(url, 6, options)

@@ -21,6 +21,7 @@ from rlckpt.testing.store_checks import corrupt_file
 
 pytestmark = pytest.mark.slow
 RUN_TIMEOUT_S = 420
+POLICY_SHARD = "policy/__1_0.distcp"  # rank 1's shard file in a bundle of two trainer ranks (the default)
 
 
 def _train(run_dir: str, steps: int, *extra: str, env: dict[str, str] | None = None) -> dict:
@@ -74,7 +75,7 @@ def test_in_order_resume_from_s3_with_an_empty_staging_dir_is_exact(
 
 def test_a_corrupt_newest_bundle_is_skipped_loudly_and_the_run_still_ends_exact(straight_run, tmp_path):
     run_dir = straight_run["run_dir"]  # bundles 2, 4, 6, 8
-    corrupt_file(BundleStore(run_dir), 8, "policy/state.pt", "flip")
+    corrupt_file(BundleStore(run_dir), 8, POLICY_SHARD, "flip")
     pinned = subprocess.run(
         [sys.executable, "-m", "rlckpt.cli.main", "train", "--run-dir", run_dir, "--steps", "8", "--resume-step", "8"],
         capture_output=True,
@@ -83,11 +84,11 @@ def test_a_corrupt_newest_bundle_is_skipped_loudly_and_the_run_still_ends_exact(
         check=False,
     )
     assert pinned.returncode == 3, pinned.stderr[-2000:]
-    assert "cannot resume step 8" in pinned.stderr and "policy/state.pt" in pinned.stderr
+    assert "cannot resume step 8" in pinned.stderr and POLICY_SHARD in pinned.stderr
     resumed = _train(run_dir, 8)
     assert resumed["resumed_from"] == 6
     assert [b["step"] for b in resumed["skipped_bundles"]] == [8]
-    assert "policy/state.pt" in resumed["skipped_bundles"][0]["reason"]
+    assert POLICY_SHARD in resumed["skipped_bundles"][0]["reason"]
     assert resumed["policy_sha256"] == straight_run["policy_sha256"]
     assert resumed["bundles"] == [2, 4, 6, 8]  # step 8 saved anew; the corrupt one kept in _quarantine/
 

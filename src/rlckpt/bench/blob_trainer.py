@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 
+from rlckpt.checkpoint import layout
+from rlckpt.checkpoint.restore import PolicyLocation
 from rlckpt.checkpoint.save import StagedBytes
+from rlckpt.dataplane.threads import run_blocking
 from rlckpt.errors import CheckpointError
+from rlckpt.store import BundleStore
 
 
 class BlobTrainer:
@@ -19,6 +23,11 @@ class BlobTrainer:
 
     async def stage_policy(self) -> StagedBytes:
         return StagedBytes(self._blob)
+
+    async def load_policy(self, location: PolicyLocation) -> None:
+        """Restore side (``TrainerStateSink``): read the blob back, digest-checked, as the ranks would."""
+        store = BundleStore(location.url, location.storage_options)
+        self.load_state_bytes(await run_blocking(lambda: store.open(location.step).read_bytes(layout.POLICY_FILE)))
 
     def load_state_bytes(self, data: bytes) -> None:
         """Restore side: accept the verified bytes (only their length is checked)."""

@@ -4,11 +4,13 @@
 1. pick the newest committed bundle that verifies; the store checks marker → manifest digest → listing.
    A newer bundle that fails any check of steps 1–2 is skipped, loudly (logged, and listed in
    ``RestoredRun.skipped``); ``resume_step`` pins one step instead and fails if it does not verify
-2. fetch every piece, verifying every digest (policy, loader, replay index into memory,
-   ``data_plane/`` into local staging); check the run-bundle format, the rollout order and the
-   pairing: the manifest, TransferQueue's ``metadata.json`` and the replay index must name the
-   same index digest (a sidecar/data-plane pair from different saves is refused here)
-3. trainer state and dataloader position; then the bootstrap data-plane client loads the
+2. fetch every piece, verifying every digest (``policy/`` checked in place: the trainer ranks
+   read it themselves; loader and replay index into memory; ``data_plane/`` into local staging);
+   check the run-bundle format, the rollout order and the pairing: the manifest, TransferQueue's
+   ``metadata.json`` and the replay index must name the same index digest (a sidecar/data-plane
+   pair from different saves is refused here)
+3. trainer state (every trainer rank loads its shards with ``dcp.load``, digest-checked again, at
+   any world size) and dataloader position; then the bootstrap data-plane client loads the
    snapshot → the metadata it was saved with
 
 The restore phase moves NOT_STARTED → RESTORING → RESTORED (or FAILED) around 3, so the
@@ -37,10 +39,22 @@ from rlckpt.store import Bundle, BundleStore, Manifest, StoreEntry
 logger = logging.getLogger(__name__)
 
 
-class TrainerStateSink(Protocol):
-    """The trainer side: takes verified weights + optimizer bytes."""
+@dataclass(frozen=True)
+class PolicyLocation:
+    """Where a committed bundle's policy checkpoint is: plain data, sent to every trainer rank, which
+    opens the bundle itself (commit check, digests) and loads its shards. No policy byte passes
+    through the driver on its way to the ranks."""
 
-    def load_state_bytes(self, data: bytes) -> None: ...
+    url: str
+    storage_options: dict[str, Any]
+    step: int
+    prefix: str = layout.POLICY_DIR
+
+
+class TrainerStateSink(Protocol):
+    """The trainer side of a restore: loads the policy checkpoint of a verified bundle."""
+
+    async def load_policy(self, location: PolicyLocation) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -76,7 +90,6 @@ class RestoredRun:
 class _FetchedPieces:
     """Verified bytes of one bundle, before anything is deserialized."""
 
-    policy: bytes
     loader: bytes
     replay: bytes
     snapshot_dir: Path
@@ -118,7 +131,7 @@ async def restore_run(
         step = bundle.step
         phase.begin_restore(step)
         try:
-            trainer.load_state_bytes(pieces.policy)  # 3
+            await trainer.load_policy(PolicyLocation(store.url, dict(store.storage_options), step))  # 3
             loader_state = codec.loads(pieces.loader, origin=f"step {step}: {layout.LOADER_FILE}")
             metadata = await restore_snapshot(bootstrap, pieces.snapshot_dir)  # 3: TQ restored
             if metadata.get(layout.META_INDEX_DIGEST) != replay_state["digest"]:
@@ -190,11 +203,13 @@ async def _fetch_and_check(
 
 
 def _fetch_verified(bundle: Bundle, staging: Path) -> _FetchedPieces:
-    """Read every piece through the store, which checks each digest before handing bytes out."""
+    """Read every piece through the store, which checks each digest before handing bytes out. The
+    policy is only checked here (the ranks read it): a bundle whose policy does not verify is skipped
+    before anything is loaded, like any other corrupt piece."""
+    bundle.verify(under=layout.POLICY_DIR)
     snapshot_dir = staging / layout.DATA_PLANE_DIR
     bundle.get_dir(layout.DATA_PLANE_DIR, snapshot_dir)
     return _FetchedPieces(
-        policy=bundle.read_bytes(layout.POLICY_FILE),
         loader=bundle.read_bytes(layout.LOADER_FILE),
         replay=bundle.read_bytes(layout.REPLAY_FILE),
         snapshot_dir=snapshot_dir,
@@ -237,10 +252,8 @@ def _check_run_bundle_format(step: int, found: Any) -> None:
     if found == layout.RUN_BUNDLE_FORMAT:
         return
     if isinstance(found, int) and 0 < found < layout.RUN_BUNDLE_FORMAT:
-        why = (
-            f"an older rlckpt wrote it (format {found} names the rollout order 'mode'); resume it with "
-            "that version, or start a new run dir"
-        )
+        what = "names the rollout order 'mode'" if found == 1 else "holds the policy as one file, policy/state.pt"
+        why = f"an older rlckpt wrote it (format {found} {what}); resume it with that version, or start a new run dir"
     else:
         why = "not a bundle written by `rlckpt train`?"
     raise CheckpointError(

@@ -15,6 +15,7 @@ from rlckpt.cli import _common
 
 if TYPE_CHECKING:
     from rlckpt.checkpoint.save import SaveHook
+    from rlckpt.controller.trainer_rank import SavePlannerFactory
 
 EPILOG = """\
 examples:
@@ -22,8 +23,12 @@ examples:
   rlckpt train --run-dir /nvme/run1 --steps 16            # resumes from the newest committed bundle
   rlckpt train --run-dir s3://bucket/run1 --steps 8 --json \\
       --storage-options '{"endpoint_url": "http://127.0.0.1:9000"}'
+  rlckpt train --run-dir s3://bucket/run1 --trainer-ranks 4 --ray-address 10.0.0.1:6379 \\
+      --trainer-resources '{"trainer_slot": 1}'   # on a cluster: one rank per node with that resource
 
 --steps is the total to reach, across resumes: a run at step 4 with --steps 8 trains 4 more.
+A resume may use another --trainer-ranks than the save (the policy is resharded on load; at the
+same rank count the continuation is bit-identical).
 Without --fresh the newest committed bundle that verifies is resumed (bundles without COMMIT are
 ignored; a newer one that fails verification is skipped, reported on stderr and in --json as
 skipped_bundles, and moved to _quarantine/ when the run saves its step again). --resume-step N
@@ -36,9 +41,10 @@ def add_parser(subparsers: Any) -> None:
         "train",
         help="run (or resume) the GRPO main job, saving a bundle every K steps",
         description=(
-            "Train a tiny GRPO policy on CPU with rollouts in TransferQueue on a private local Ray "
-            "cluster, saving policy, dataloader, replay index and data-plane snapshot as one "
-            "transactional bundle every --save-every steps and at the last step."
+            "Train a tiny GRPO policy on CPU, data-parallel over --trainer-ranks ranks, with rollouts in "
+            "TransferQueue on a private local Ray cluster (or --ray-address), saving policy, dataloader, "
+            "replay index and data-plane snapshot as one transactional bundle every --save-every steps "
+            "and at the last step."
         ),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -128,6 +134,26 @@ def add_parser(subparsers: Any) -> None:
         help="where the private Ray cluster keeps sockets and logs (default: a new dir under /tmp, removed at exit)",
     )
     parser.add_argument(
+        "--trainer-ranks",
+        type=_positive,
+        default=2,
+        metavar="N",
+        help="data-parallel trainer ranks: N Ray actors in one gloo group, policy sharded with FSDP2 (default 2)",
+    )
+    parser.add_argument(
+        "--trainer-resources",
+        metavar="JSON",
+        type=_resources_arg,
+        default=None,
+        help="Ray custom resources each trainer rank asks for, as a JSON object (e.g. '{\"trainer_slot\": 1}')",
+    )
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="join this existing Ray cluster (host:port) instead of starting a private local one",
+    )
+    parser.add_argument(
         "--compress",
         choices=("auto", "zstd", "none"),
         default="auto",
@@ -152,6 +178,18 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def _resources_arg(text: str) -> dict[str, float]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, (int, float)) and v >= 0 for k, v in value.items()
+    ):
+        raise argparse.ArgumentTypeError(f"must be a JSON object of resource name -> amount >= 0, got {text!r}")
+    return {k: float(v) for k, v in value.items()}
+
+
 def _interrupt_on_sigterm() -> None:
     """SIGTERM (CI cancel, `kill`, the demo) shuts down like Ctrl-C: actors, TransferQueue, Ray."""
 
@@ -161,13 +199,16 @@ def _interrupt_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def run(args: argparse.Namespace, *, before_commit: SaveHook | None = None) -> int:
-    """Run the main job; ``before_commit`` is awaited before each save's COMMIT (see setup_single_controller)."""
+def run(
+    args: argparse.Namespace, *, before_commit: SaveHook | None = None, save_planner: SavePlannerFactory | None = None
+) -> int:
+    """Run the main job; ``before_commit`` is awaited before each save's COMMIT and ``save_planner`` gives
+    each trainer rank its DCP save planner (crash tests; see setup_single_controller)."""
     from tqdm import tqdm
 
     from rlckpt.controller.config import TrainConfig
     from rlckpt.controller.setup import setup_single_controller
-    from rlckpt.dataplane.ray_cluster import start_local_ray, stop_local_ray
+    from rlckpt.dataplane.ray_cluster import connect_ray, start_local_ray, stop_local_ray
 
     config = TrainConfig(
         run_dir=args.run_dir,
@@ -184,14 +225,19 @@ def run(args: argparse.Namespace, *, before_commit: SaveHook | None = None) -> i
         upload_timing=args.upload_timing,
         async_saves=not args.sync_saves,
         compress_data_plane={"auto": None, "zstd": True, "none": False}[args.compress],
+        trainer_ranks=args.trainer_ranks,
+        trainer_resources=args.trainer_resources,
     )
     ray_dir = args.ray_temp_dir or tempfile.mkdtemp(prefix="rlckpt-ray-", dir="/tmp")
-    start_local_ray(ray_dir, log_to_driver=args.verbose > 0)
+    if args.ray_address:
+        connect_ray(args.ray_address, log_to_driver=args.verbose > 0)
+    else:
+        start_local_ray(ray_dir, log_to_driver=args.verbose > 0)
     _interrupt_on_sigterm()  # after ray.init, which installs a SIGTERM handler of its own
     controller = None
     try:
         print("rlckpt train: starting TransferQueue and the controller ...", file=sys.stderr)
-        controller = setup_single_controller(config, before_commit=before_commit)
+        controller = setup_single_controller(config, before_commit=before_commit, save_planner=save_planner)
         start = controller.restored.step if controller.restored else 0
         skipped = controller.restored.skipped if controller.restored else []
         for bundle in skipped:

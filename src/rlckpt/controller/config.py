@@ -38,6 +38,9 @@ class TrainConfig:
     partition_id: str = "rollouts"
     num_prompts: int = 64
     task_seed: int = 0
+    trainer_ranks: int = 2  # data-parallel trainer ranks (Ray actors in one gloo group, FSDP2)
+    trainer_resources: dict[str, float] | None = None  # Ray custom resources each rank asks for
+    rank_timeout_s: float = 180.0  # the longest the controller waits for the ranks to answer one call
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     tq_config: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_TQ_CONFIG))
 
@@ -51,6 +54,10 @@ class TrainConfig:
         if self.resume_step is not None and (self.fresh or self.resume_step < 0):
             raise ValueError(
                 f"resume_step must be >= 0 and cannot go with fresh, got {self.resume_step} (fresh={self.fresh})"
+            )
+        if self.trainer_ranks < 1 or self.rank_timeout_s <= 0:
+            raise ValueError(
+                f"trainer_ranks must be >= 1 and rank_timeout_s > 0, got {self.trainer_ranks}, {self.rank_timeout_s}"
             )
         if self.upload_timing not in ("pinned", "staged", "inline"):
             raise ValueError(f"upload_timing must be 'pinned', 'staged' or 'inline', got {self.upload_timing!r}")

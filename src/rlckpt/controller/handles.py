@@ -1,7 +1,8 @@
 """Async handles the controller loop calls: on Ray workers (the main job) or in-process (unit tests).
 
 The loop only awaits these methods, so its one event loop never blocks on training or
-generation, and tests can drive the same loop without Ray.
+generation, and tests can drive the same loop without Ray. The trainer is a group of ranks
+(``trainer_group.TrainerGroupHandle`` on Ray, ``trainer_group.LocalTrainerGroup`` in-process).
 """
 
 from __future__ import annotations
@@ -13,40 +14,24 @@ from typing import Any, Protocol
 
 import torch
 
-from rlckpt.checkpoint.save import StagedBytes, StagedPolicy
+from rlckpt.checkpoint.save import StagedPolicy
 from rlckpt.grpo import GenerationWorker, Prompt, TrainBatch
 
 
 class Trainer(Protocol):
+    """The trainer group: data-parallel steps, rank 0's full weights, and the policy side of a save."""
+
     async def train_step(self, batch: TrainBatch) -> dict[str, float]: ...
     async def weights(self) -> tuple[dict[str, torch.Tensor], int]: ...
     async def policy_sha256(self) -> str: ...
     async def stage_policy(self) -> StagedPolicy: ...
+    @property
+    def world_size(self) -> int: ...
 
 
 class Generator(Protocol):
     async def set_weights(self, weights: dict[str, torch.Tensor], version: int) -> None: ...
     async def generate(self, prompts: Sequence[Prompt]) -> list[dict[str, Any]]: ...
-
-
-@dataclass(frozen=True)
-class TrainerHandle:
-    """The trainer worker's Ray actor handle (picklable: it travels to the controller actor)."""
-
-    worker: Any  # ray.actor.ActorHandle of controller.trainer_worker.TrainerWorker
-
-    async def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        return await self.worker.train_step.remote(batch)
-
-    async def weights(self) -> tuple[dict[str, torch.Tensor], int]:
-        return await self.worker.weights.remote()
-
-    async def policy_sha256(self) -> str:
-        return await self.worker.policy_sha256.remote()
-
-    async def stage_policy(self) -> StagedBytes:
-        """The worker's weights + optimizer as bytes, held here until the save writes them."""
-        return StagedBytes(await self.worker.state_bytes.remote())
 
 
 @dataclass(frozen=True)
@@ -60,25 +45,6 @@ class GeneratorHandle:
 
     async def generate(self, prompts: Sequence[Prompt]) -> list[dict[str, Any]]:
         return await self.worker.generate.remote(list(prompts))
-
-
-class LocalTrainer:
-    """In-process trainer for tests: a ``TrainerWorker`` run in a thread."""
-
-    def __init__(self, worker: Any) -> None:
-        self.worker = worker
-
-    async def train_step(self, batch: TrainBatch) -> dict[str, float]:
-        return await asyncio.to_thread(self.worker.train_step, batch)
-
-    async def weights(self) -> tuple[dict[str, torch.Tensor], int]:
-        return self.worker.weights()
-
-    async def policy_sha256(self) -> str:
-        return self.worker.policy_sha256()
-
-    async def stage_policy(self) -> StagedBytes:
-        return StagedBytes(self.worker.state_bytes())
 
 
 class LocalGenerator:

@@ -23,12 +23,13 @@ from typing import Any
 
 import torch
 
+from rlckpt.checkpoint import layout
 from rlckpt.checkpoint.row_copy import RowCopier
 from rlckpt.checkpoint.save import PendingSave, SaveHook, SaveParticipants, SaveReport, start_save
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.handles import Generator, Trainer
 from rlckpt.errors import CheckpointError, LoaderStateError
-from rlckpt.grpo import DigitSumTask, PromptLoader, TrainBatch, grouped_advantages
+from rlckpt.grpo import DigitSumTask, PromptLoader, TrainBatch, grouped_advantages, weights_sha256
 from rlckpt.replay import ReplayBuffer
 from rlckpt.store import BundleStore
 
@@ -85,6 +86,7 @@ class RunSummary:
     drawn: int
     saves: list[dict[str, Any]]
     steps_run: int
+    start_policy_sha256: str = ""  # the weights the run started from (after a restore: as loaded)
 
 
 class ControllerLoop:
@@ -130,7 +132,11 @@ class ControllerLoop:
             staging_root=config.staging_dir,
             compress_data_plane=config.compress_data_plane,
             keep_last=config.keep_last,
-            extra_metadata={"task": repr(task), "steps_target": config.steps},
+            extra_metadata={
+                "task": repr(task),
+                "steps_target": config.steps,
+                layout.META_TRAINER_RANKS: trainer.world_size,
+            },
             before_commit=before_commit,
             row_copier=row_copier,
         )
@@ -143,6 +149,7 @@ class ControllerLoop:
         """Train until ``config.steps``; returns the summary. Saves are part of the train pump."""
         start = self.state.step
         weights, version = await self.trainer.weights()
+        start_sha = weights_sha256(weights)
         await self.generator.set_weights(weights, version)
         self.gen_version = version
         if version != self.state.step:
@@ -171,6 +178,7 @@ class ControllerLoop:
             drawn=self.state.draws,
             saves=[vars(r) for r in self.saves],
             steps_run=self.state.step - start,
+            start_policy_sha256=start_sha,
         )
 
     # --- rollout pump ------------------------------------------------------------------------------

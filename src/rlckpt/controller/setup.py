@@ -27,6 +27,7 @@ from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.connect import connect_only_data_plane, replay_buffer_spec
 from rlckpt.controller.handles import GeneratorHandle
 from rlckpt.controller.loop import LoopState, RunSummary
+from rlckpt.controller.trainer_rank import SavePlannerFactory
 from rlckpt.controller.trainer_side import TrainerSide
 from rlckpt.errors import CheckpointError
 from rlckpt.grpo import DigitSumTask, PromptLoader, make_generation_actor
@@ -75,7 +76,7 @@ class SingleController:
             logger.warning("controller did not stop cleanly within %.0fs: %s", STOP_TIMEOUT_S, exc)
 
     def shutdown(self) -> None:
-        """Stop the actors, then the trainer side (its worker and TransferQueue)."""
+        """Stop the actors, then the trainer side (its ranks and TransferQueue)."""
         import ray
 
         for actor in [self.actor, *self.extra_actors]:
@@ -83,10 +84,13 @@ class SingleController:
         self.trainer_side.shutdown()
 
 
-def setup_single_controller(config: TrainConfig, *, before_commit: SaveHook | None = None) -> SingleController:
+def setup_single_controller(
+    config: TrainConfig, *, before_commit: SaveHook | None = None, save_planner: SavePlannerFactory | None = None
+) -> SingleController:
     """Build everything on the driver (Ray must be running); restore the newest bundle unless fresh.
 
-    ``before_commit`` (picklable) is awaited in the controller actor before each save's COMMIT.
+    ``before_commit`` (picklable) is awaited in the controller actor before each save's COMMIT;
+    ``save_planner`` (picklable) gives each trainer rank its DCP save planner (crash tests).
     """
     import ray
 
@@ -101,7 +105,14 @@ def setup_single_controller(config: TrainConfig, *, before_commit: SaveHook | No
     loader = PromptLoader(task, config.grpo.prompts_per_step, seed=config.grpo.seed)
     phase = RestorePhase()
 
-    trainer_side = TrainerSide(config.grpo, config.tq_config)  # trainer worker + bootstrap client (starts TQ)
+    trainer_side = TrainerSide(  # trainer ranks + bootstrap client (starts TQ)
+        config.grpo,
+        config.tq_config,
+        ranks=config.trainer_ranks,
+        resources=config.trainer_resources,
+        timeout_s=config.rank_timeout_s,
+        save_planner=save_planner,
+    )
     if config.fresh:
         phase.start_fresh()
         restored = None

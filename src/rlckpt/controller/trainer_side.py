@@ -1,9 +1,9 @@
-"""TrainerSide: what the driver owns besides the controller — the trainer worker and TransferQueue.
+"""TrainerSide: what the driver owns besides the controller — the trainer group and TransferQueue.
 
-It starts the trainer's Ray worker and the bootstrap data-plane client, which starts TransferQueue
-and owns it (closing it shuts TransferQueue down). During a restore it is the sink for the
-trainer state and its bootstrap client loads the snapshot; the controller actor only ever gets a
-``TrainerHandle`` and a connect-only client.
+It starts the trainer ranks (``TrainerGroup``: N Ray actors in one gloo group) and the bootstrap
+data-plane client, which starts TransferQueue and owns it (closing it shuts TransferQueue down).
+During a restore the ranks load the policy themselves and the bootstrap client loads the snapshot;
+the controller actor only ever gets a ``TrainerGroupHandle`` and a connect-only client.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import asyncio
 import logging
 from typing import Any
 
-from rlckpt.controller.handles import TrainerHandle
-from rlckpt.controller.trainer_worker import TrainerWorker
+from rlckpt.checkpoint.restore import PolicyLocation
+from rlckpt.controller.trainer_group import TrainerGroup, TrainerGroupHandle
+from rlckpt.controller.trainer_rank import SavePlannerFactory
 from rlckpt.dataplane.tq_client import TransferQueueClient
 from rlckpt.grpo import GRPOConfig
 
@@ -21,27 +22,36 @@ logger = logging.getLogger(__name__)
 
 
 class TrainerSide:
-    """Driver side: the trainer worker and the bootstrap client that owns TransferQueue (Ray must be up)."""
+    """Driver side: the trainer ranks and the bootstrap client that owns TransferQueue (Ray must be up)."""
 
-    def __init__(self, config: GRPOConfig, tq_config: dict[str, Any]) -> None:
-        import ray
+    def __init__(
+        self,
+        config: GRPOConfig,
+        tq_config: dict[str, Any],
+        *,
+        ranks: int,
+        resources: dict[str, float] | None = None,
+        timeout_s: float,
+        save_planner: SavePlannerFactory | None = None,
+    ) -> None:
+        self.group = TrainerGroup(
+            config, ranks=ranks, resources=resources, timeout_s=timeout_s, save_planner=save_planner
+        )
+        try:
+            self.data_plane = TransferQueueClient(tq_config, bootstrap=True)
+        except BaseException:
+            self.group.shutdown()
+            raise
+        logger.info("%d trainer ranks and TransferQueue (bootstrap client) started", ranks)
 
-        self.worker: Any = ray.remote(TrainerWorker).options(num_cpus=0, name=None).remote(config)  # an ActorHandle
-        self.data_plane = TransferQueueClient(tq_config, bootstrap=True)
-        logger.info("trainer worker and TransferQueue (bootstrap client) started")
+    async def load_policy(self, location: PolicyLocation) -> None:
+        """Restore step 3: every trainer rank loads its shards of the verified bundle."""
+        await self.group.load_policy(location)
 
-    def load_state_bytes(self, data: bytes) -> None:
-        """Load verified weights + optimizer bytes into the worker (blocking; driver only)."""
-        import ray
-
-        ray.get(self.worker.load_state_bytes.remote(data))
-
-    def handle(self) -> TrainerHandle:
-        return TrainerHandle(self.worker)
+    def handle(self) -> TrainerGroupHandle:
+        return self.group.handle
 
     def shutdown(self) -> None:
-        """Stop the trainer worker, then TransferQueue (closing the bootstrap client stops it)."""
-        import ray
-
-        ray.kill(self.worker, no_restart=True)
+        """Stop the trainer ranks, then TransferQueue (closing the bootstrap client stops it)."""
+        self.group.shutdown()
         asyncio.run(self.data_plane.close())

@@ -75,8 +75,25 @@ def start_local_ray(
     return LocalRayCluster(temp_dir=temp_dir, address=str(context.address_info.get("gcs_address", "")))
 
 
+def connect_ray(address: str, *, log_to_driver: bool = False) -> None:
+    """Join an existing Ray cluster at ``address`` (``rlckpt train --ray-address``) instead of starting
+    one; ``stop_local_ray`` then only disconnects (the cluster is not ours to stop).
+
+    The cluster's nodes need the environment above set when they were started (``ray start``), and
+    TransferQueue's named controller makes it one run per cluster at a time.
+    """
+    import ray
+
+    if ray.is_initialized():
+        raise RuntimeError("connect_ray: this process is already connected to a Ray cluster")
+    logger.info("joining the Ray cluster at %s", address)
+    host = address.rsplit(":", 1)[0]
+    node_ip = "127.0.0.1" if host in ("127.0.0.1", "localhost") else None  # a loopback cluster: stay on it
+    ray.init(address=address, include_dashboard=False, log_to_driver=log_to_driver, _node_ip_address=node_ip)
+
+
 def stop_local_ray() -> None:
-    """Disconnect and stop the cluster this process started (no-op when not connected)."""
+    """Disconnect, stopping the cluster if this process started it (no-op when not connected)."""
     import ray
 
     if ray.is_initialized():

@@ -1,5 +1,6 @@
 """In-process controller runs for fast tests: the real restore procedure and controller assembly,
-with in-process trainer/generator and the in-memory data plane instead of Ray and TransferQueue.
+with an in-process trainer (one rank, no process group: DCP saves and loads as on the ranks),
+an in-process generator and the in-memory data plane instead of Ray and TransferQueue.
 
 ``run_in_process`` follows setup_single_controller's order (restore → phase ready → connect-only
 client + replay buffer → ``assemble_controller``), so tests of resume logic run in well under a
@@ -20,9 +21,9 @@ from rlckpt.controller.args import ControllerArgs, RestoredIndex
 from rlckpt.controller.assemble import assemble_controller
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.connect import replay_buffer_spec
-from rlckpt.controller.handles import LocalGenerator, LocalTrainer
+from rlckpt.controller.handles import LocalGenerator
 from rlckpt.controller.loop import ControllerLoop, LoopState, RunSummary
-from rlckpt.controller.trainer_worker import TrainerWorker
+from rlckpt.controller.trainer_group import LocalTrainerGroup
 from rlckpt.dataplane.base import DataPlaneClient
 from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
 from rlckpt.grpo import DigitSumTask, GenerationWorker, PromptLoader
@@ -64,7 +65,7 @@ async def run_in_process(
     store = BundleStore(config.run_dir, config.storage_options)
     task = DigitSumTask(seed=config.task_seed, num_prompts=config.num_prompts)
     loader = PromptLoader(task, config.grpo.prompts_per_step, seed=config.grpo.seed)
-    worker = TrainerWorker(config.grpo)
+    trainer = LocalTrainerGroup(config.grpo)  # one rank, world size 1, in threads of this process
     bootstrap = InMemoryDataPlane(run.plane)
     restored = None
     if config.fresh:
@@ -72,7 +73,7 @@ async def run_in_process(
     else:
         restored = await restore_run(
             store,
-            trainer=worker,
+            trainer=trainer,
             bootstrap=bootstrap,
             phase=run.phase,
             staging_root=config.staging_dir,
@@ -85,7 +86,7 @@ async def run_in_process(
         task=task,
         loader=loader,
         loop_state=LoopState.from_state(restored.loader_state, loader) if restored else LoopState(),
-        trainer=LocalTrainer(worker),
+        trainer=trainer,
         generator=LocalGenerator(GenerationWorker(config.grpo, task)),
         replay=replay_buffer_spec(run.phase, partition_id=config.partition_id, group_size=config.grpo.group_size),
         restored=RestoredIndex.from_run(restored) if restored else None,
