@@ -144,7 +144,8 @@ def test_training_goes_on_while_an_async_save_is_written_and_the_next_save_waits
     assert BundleStore(str(tmp_path / "run")).steps() == [2, 4]
 
 
-def test_stopping_a_run_with_a_save_in_flight_aborts_it_and_keeps_the_previous_bundle(tmp_path):
+@pytest.mark.parametrize("stop_at_step", [4, 6], ids=["while-training", "while-save-6-waits-for-it"])
+def test_stopping_a_run_with_a_save_in_flight_aborts_it_and_keeps_the_previous_bundle(tmp_path, stop_at_step):
     run = InProcessRun()
     held = asyncio.Event()
 
@@ -157,6 +158,8 @@ def test_stopping_a_run_with_a_save_in_flight_aborts_it_and_keeps_the_previous_b
         config = TrainConfig(run_dir=str(tmp_path / "run"), steps=6, save_every=2, grpo=SMALL)
         task = asyncio.create_task(run_in_process(config, before_commit=hold, run=run))
         await held.wait()
+        while run.loop.state.step < stop_at_step:  # 6: the train pump is waiting to start save 6
+            await asyncio.sleep(0.005)
         task.cancel()  # what SIGTERM / Ctrl-C amounts to in the controller
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -18,42 +18,22 @@ import pytest
 
 from rlckpt.store import BundleStore
 from rlckpt.testing.store_checks import corrupt_file
+from rlckpt.testing.train_cli import RUN_TIMEOUT_S, run_train, train_command
 
 pytestmark = pytest.mark.slow
-RUN_TIMEOUT_S = 420
 POLICY_SHARD = "policy/__1_0.distcp"  # rank 1's shard file in a bundle of two trainer ranks (the default)
-
-
-def _train(run_dir: str, steps: int, *extra: str, env: dict[str, str] | None = None) -> dict:
-    cmd = [
-        sys.executable,
-        "-m",
-        "rlckpt.cli.main",
-        "train",
-        "--run-dir",
-        run_dir,
-        "--steps",
-        str(steps),
-        "--save-every",
-        "2",
-        "--json",
-        *extra,
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env, check=False)
-    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory) -> dict:
     """0 → 8 uninterrupted, in_order, on local disk: the reference for exact resume."""
-    return _train(str(tmp_path_factory.mktemp("straight") / "run"), 8)
+    return run_train(str(tmp_path_factory.mktemp("straight") / "run"), 8)
 
 
 def test_in_order_resume_from_local_disk_on_a_fresh_cluster_is_exact(straight_run, tmp_path):
     run_dir = str(tmp_path / "run")
-    first = _train(run_dir, 4)
-    second = _train(run_dir, 8)
+    first = run_train(run_dir, 4)
+    second = run_train(run_dir, 8)
     assert first["bundles"] == [2, 4]
     assert second["resumed_from"] == 4 and second["step"] == 8
     assert second["policy_sha256"] == straight_run["policy_sha256"]
@@ -64,10 +44,10 @@ def test_in_order_resume_from_s3_with_an_empty_staging_dir_is_exact(
     straight_run, tmp_path, s3_run_url, s3_storage_options
 ):
     options = json.dumps(s3_storage_options)
-    _train(s3_run_url, 4, "--storage-options", options)
+    run_train(s3_run_url, 4, "--storage-options", options)
     staging = tmp_path / "fresh-machine-staging"
     staging.mkdir()
-    second = _train(s3_run_url, 8, "--storage-options", options, "--staging-dir", str(staging))
+    second = run_train(s3_run_url, 8, "--storage-options", options, "--staging-dir", str(staging))
     assert second["resumed_from"] == 4
     assert second["policy_sha256"] == straight_run["policy_sha256"]
     assert BundleStore(s3_run_url, s3_storage_options).steps() == [2, 4, 6, 8]
@@ -85,7 +65,7 @@ def test_a_corrupt_newest_bundle_is_skipped_loudly_and_the_run_still_ends_exact(
     )
     assert pinned.returncode == 3, pinned.stderr[-2000:]
     assert "cannot resume step 8" in pinned.stderr and POLICY_SHARD in pinned.stderr
-    resumed = _train(run_dir, 8)
+    resumed = run_train(run_dir, 8)
     assert resumed["resumed_from"] == 6
     assert [b["step"] for b in resumed["skipped_bundles"]] == [8]
     assert POLICY_SHARD in resumed["skipped_bundles"][0]["reason"]
@@ -95,8 +75,8 @@ def test_a_corrupt_newest_bundle_is_skipped_loudly_and_the_run_still_ends_exact(
 
 def test_async_restart_loses_no_prompt_and_trains_none_twice(tmp_path):
     run_dir = str(tmp_path / "run")
-    first = _train(run_dir, 4, "--mode", "async", "--max-staleness", "2")
-    second = _train(run_dir, 8, "--mode", "async", "--max-staleness", "2")
+    first = run_train(run_dir, 4, "--mode", "async", "--max-staleness", "2")
+    second = run_train(run_dir, 8, "--mode", "async", "--max-staleness", "2")
     trained = first["trained_draws"] + second["trained_draws"]
     assert len(trained) == len(set(trained)), "a prompt was trained twice"
     assert sorted(trained + second["unconsumed_draws"]) == list(range(second["drawn"])), "a prompt was lost"
@@ -116,23 +96,10 @@ def _kill_run(proc: subprocess.Popen, ray_dir: str) -> None:
 def _start_held_run(tmp_path, run_dir: str, ray_dir: str, steps: int = 6) -> tuple[subprocess.Popen, object]:
     """`rlckpt train` with the save of step 4 held before its COMMIT; returns once it is held."""
     held = tmp_path / "save-4-is-held"
-    cmd = [
-        sys.executable,
-        "-m",
-        "rlckpt.testing.held_train",
-        "4",
-        str(held),  # `rlckpt train`, save 4 held
-        "train",
-        "--run-dir",
-        run_dir,
-        "--steps",
-        str(steps),
-        "--save-every",
-        "2",
-        "--json",
-        "--ray-temp-dir",
-        ray_dir,
-    ]
+    held_train = ("4", str(held))  # `rlckpt train`, save 4 held
+    cmd = train_command(
+        run_dir, steps, "--json", "--ray-temp-dir", ray_dir, module="rlckpt.testing.held_train", prefix=held_train
+    )
     log = tmp_path / "held-run.log"  # a file, not a pipe: a full pipe would stall the run
     with open(log, "wb") as sink:
         proc = subprocess.Popen(cmd, stdout=sink, stderr=sink, start_new_session=True)
@@ -158,7 +125,7 @@ def test_sigkill_while_a_save_uploads_in_the_background_resumes_from_the_previou
     assert store.latest() == 2, "the killed save must not be visible"
     assert any(e.step == 4 and e.state != "committed" for e in store.entries())
 
-    resumed = _train(run_dir, 6)
+    resumed = run_train(run_dir, 6)
     assert resumed["resumed_from"] == 2 and resumed["step"] == 6
     assert resumed["bundles"] == [2, 4, 6]
     for step in resumed["bundles"]:

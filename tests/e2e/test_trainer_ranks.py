@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -17,34 +16,13 @@ import pytest
 
 from rlckpt.checkpoint.restore import PolicyLocation
 from rlckpt.store import BundleStore
+from rlckpt.testing.train_cli import RUN_TIMEOUT_S, run_train, train_command
 
 pytestmark = pytest.mark.slow
-RUN_TIMEOUT_S = 420
 
 
 def _cmd(run_dir: str, steps: int, *extra: str, module: str = "rlckpt.cli.main", prefix: tuple[str, ...] = ()):
-    return [
-        sys.executable,
-        "-m",
-        module,
-        *prefix,
-        "train",
-        "--run-dir",
-        run_dir,
-        "--steps",
-        str(steps),
-        "--save-every",
-        "2",
-        "--json",
-        *extra,
-    ]
-
-
-def _train(run_dir: str, steps: int, *extra: str) -> dict:
-    cmd = _cmd(run_dir, steps, *extra)
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
-    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return train_command(run_dir, steps, "--json", *extra, module=module, prefix=prefix)
 
 
 def _saved_policy_sha256(run_dir: str, step: int, options: dict | None = None) -> str:
@@ -72,7 +50,7 @@ def test_a_rank_killed_mid_save_commits_nothing_and_the_run_resumes_at_one_rank(
     assert store.steps() == [2], "the save the rank died in must not be visible"
     saved = _saved_policy_sha256(run_dir, 2)
 
-    resumed = _train(run_dir, 6, "--trainer-ranks", "1")  # a clean resume, at another world size
+    resumed = run_train(run_dir, 6, "--trainer-ranks", "1")  # a clean resume, at another world size
     assert resumed["resumed_from"] == 2 and resumed["step"] == 6
     assert resumed["start_policy_sha256"] == saved  # the loaded full state is the saved one, bit for bit
     assert resumed["bundles"] == [2, 4, 6]
@@ -103,7 +81,7 @@ def test_two_ranks_on_two_nodes_write_one_bundle_to_s3(tmp_path, s3_run_url, s3_
         # may come first) and each asks for a CPU: both nodes need CPUs (Ray's CPUs are only labels here).
         cluster.add_node(num_cpus=2, resources=slot, node_ip_address="127.0.0.1")
         options = json.dumps(s3_storage_options)
-        summary = _train(
+        summary = run_train(
             s3_run_url,
             2,
             "--storage-options",

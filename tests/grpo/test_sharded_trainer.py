@@ -65,3 +65,45 @@ def test_sharded_steps_are_bit_identical_and_a_two_rank_checkpoint_loads_whole_a
     assert bitwise_equal(flat_tensors(full_state(alone.model, alone.optimizer)), saved["full"]) == []
     alone.train_step(_batches(3)[2])  # and it trains on
     assert alone.weight_version == 3
+
+
+def _two_ranks_save(rank: int, world_size: int, port: int, out: str) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    from rlckpt.dcp import BundleStorageWriter
+    from rlckpt.grpo.sharding import DataParallel
+
+    with process_group(rank, world_size, port) as mesh:
+        trainer = Trainer(CONFIG, DataParallel(rank, world_size, mesh))
+        for batch in _batches(2):
+            trainer.train_step(batch)
+        dcp.save(trainer.checkpoint_state(), storage_writer=BundleStorageWriter(out, step=2))
+        full = flat_tensors(full_state(trainer.model, trainer.optimizer))
+        if rank == 0:
+            torch.save({"sha": trainer.policy_sha256(), "full": full}, Path(out) / "saved.pt")
+
+
+def _four_ranks_load(rank: int, world_size: int, port: int, out: str) -> None:
+    from rlckpt.dcp import BundleStorageReader
+    from rlckpt.grpo.sharding import DataParallel
+
+    with process_group(rank, world_size, port) as mesh:
+        trainer = Trainer(CONFIG, DataParallel(rank, world_size, mesh))
+        trainer.load_checkpoint(BundleStorageReader(out, step=2))
+        full = flat_tensors(full_state(trainer.model, trainer.optimizer))
+        sha = trainer.policy_sha256()
+        trainer.train_step(_batches(3)[2])  # and it trains on at the new world size
+        if rank == 0:
+            torch.save({"sha": sha, "full": full, "version": trainer.weight_version}, Path(out) / "loaded.pt")
+
+
+def test_a_two_rank_checkpoint_loads_at_world_size_4_as_the_same_full_state(tmp_path):
+    run = str(tmp_path / "run")
+    Path(run).mkdir()
+    run_ranks(_two_ranks_save, 2, run, timeout=180)
+    run_ranks(_four_ranks_load, 4, run, timeout=180)
+    saved = torch.load(Path(run) / "saved.pt", weights_only=True)
+    loaded = torch.load(Path(run) / "loaded.pt", weights_only=True)
+    assert loaded["sha"] == saved["sha"]
+    assert bitwise_equal(loaded["full"], saved["full"]) == []
+    assert loaded["version"] == 3

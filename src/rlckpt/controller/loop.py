@@ -316,9 +316,10 @@ class ControllerLoop:
 
     async def _join_save_in_flight(self) -> None:
         """Wait for the save in flight (if any) to commit or fail; a failure that stops the run raises."""
-        task, self._save_in_flight = self._save_in_flight, None
+        task = self._save_in_flight
         if task is not None:
             await asyncio.shield(task)  # cancelling the waiter must not cancel the save: the abort does that
+            self._save_in_flight = None  # only once it ended: a run stopped while waiting still aborts it
         self._raise_background_failure()
 
     def _raise_background_failure(self) -> None:

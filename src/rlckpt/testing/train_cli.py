@@ -1,0 +1,49 @@
+"""`rlckpt train` as a subprocess, for the end-to-end tests and the benchmarks: one command builder and
+one runner that returns the `--json` summary."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+RUN_TIMEOUT_S = 420  # one run: Ray and TransferQueue start-up dominate (≈30-45 s on 2 cores)
+
+
+def train_command(
+    run_dir: str,
+    steps: int,
+    *extra: str,
+    save_every: int = 2,
+    module: str = "rlckpt.cli.main",
+    prefix: tuple[str, ...] = (),
+    storage_options: dict[str, Any] | None = None,
+) -> list[str]:
+    """`python -m MODULE PREFIX... train --run-dir RUN_DIR --steps STEPS --save-every N EXTRA...`."""
+    cmd = [
+        sys.executable,
+        "-m",
+        module,
+        *prefix,
+        "train",
+        "--run-dir",
+        run_dir,
+        "--steps",
+        str(steps),
+        "--save-every",
+        str(save_every),
+        *extra,
+    ]
+    if storage_options:
+        cmd += ["--storage-options", json.dumps(storage_options)]
+    return cmd
+
+
+def run_train(run_dir: str, steps: int, *extra: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run `rlckpt train ... --json` to completion; its summary. AssertionError with the stderr tail if it fails."""
+    cmd = train_command(run_dir, steps, *extra, "--json")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env, check=False)
+    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+    summary: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return summary
