@@ -79,8 +79,9 @@ def _two_ranks_save(rank: int, world_size: int, port: int, out: str) -> None:
             trainer.train_step(batch)
         dcp.save(trainer.checkpoint_state(), storage_writer=BundleStorageWriter(out, step=2))
         full = flat_tensors(full_state(trainer.model, trainer.optimizer))
+        sha = trainer.policy_sha256()  # a collective: every rank takes part
         if rank == 0:
-            torch.save({"sha": trainer.policy_sha256(), "full": full}, Path(out) / "saved.pt")
+            torch.save({"sha": sha, "full": full}, Path(out) / "saved.pt")
 
 
 def _four_ranks_load(rank: int, world_size: int, port: int, out: str) -> None:
