@@ -305,6 +305,19 @@ def _command_line() -> list[str]:
     return ["python", *argv]
 
 
+def _destinations(args: argparse.Namespace) -> Any:
+    """The benchmark destinations the command line names (a context manager: S3 servers run inside it)."""
+    from rlckpt.bench.harness import destinations
+
+    return destinations(
+        args.destinations,
+        scratch_root=args.scratch_dir,
+        rgw_endpoint=args.rgw_endpoint,
+        rgw_key=args.rgw_key,
+        rgw_secret=args.rgw_secret,
+    )
+
+
 def _check_destinations(args: argparse.Namespace) -> None:
     unknown = set(args.destinations) - {"local", "s3"}
     if unknown:
@@ -320,7 +333,7 @@ def run_barrier(args: argparse.Namespace) -> int:
         result_document,
         run_sweep,
     )
-    from rlckpt.bench.harness import destinations, private_transfer_queue, run_metadata
+    from rlckpt.bench.harness import private_transfer_queue, run_metadata
     from rlckpt.bench.report import (
         barrier_plot,
         barrier_table,
@@ -363,13 +376,7 @@ def run_barrier(args: argparse.Namespace) -> int:
     print("rlckpt bench barrier: starting Ray + TransferQueue ...", file=sys.stderr)
     with (
         private_transfer_queue(),
-        destinations(
-            args.destinations,
-            scratch_root=args.scratch_dir,
-            rgw_endpoint=args.rgw_endpoint,
-            rgw_key=args.rgw_key,
-            rgw_secret=args.rgw_secret,
-        ) as dests,
+        _destinations(args) as dests,
     ):
         copier = start_ray_row_copier(ConnectOnlyDataPlane()) if "pinned" in config.upload_timings else None
         points = run_sweep(
@@ -411,7 +418,7 @@ def run_save(args: argparse.Namespace) -> int:
         return run_save_downtime(args)
 
     from rlckpt.bench.first_step import measure_first_step
-    from rlckpt.bench.harness import destinations, private_transfer_queue, run_metadata
+    from rlckpt.bench.harness import private_transfer_queue, run_metadata
     from rlckpt.bench.report import save_restore_table, write_json
     from rlckpt.bench.save_restore import SaveRestoreConfig, run_save_restore
     from rlckpt.testing.tq import connect_client, reset_tq_state
@@ -427,13 +434,7 @@ def run_save(args: argparse.Namespace) -> int:
     meta = run_metadata(_command_line())
     print("rlckpt bench save: starting Ray + TransferQueue ...", file=sys.stderr)
     first_step = None
-    with destinations(
-        args.destinations,
-        scratch_root=args.scratch_dir,
-        rgw_endpoint=args.rgw_endpoint,
-        rgw_key=args.rgw_key,
-        rgw_secret=args.rgw_secret,
-    ) as dests:
+    with _destinations(args) as dests:
         with private_transfer_queue():
             results = run_save_restore(config, dests.destinations, connect=connect_client, reset=reset_tq_state)
         s3 = next((d for d in dests.destinations if d.is_s3), None)
@@ -459,7 +460,7 @@ def run_save(args: argparse.Namespace) -> int:
 def run_save_downtime(args: argparse.Namespace) -> int:
     import asyncio
 
-    from rlckpt.bench.harness import destinations, private_transfer_queue, run_metadata
+    from rlckpt.bench.harness import private_transfer_queue, run_metadata
     from rlckpt.bench.report import write_json
     from rlckpt.bench.save_downtime import DowntimeConfig, DowntimeResult, downtime_table, result_document, run_downtime
     from rlckpt.checkpoint.row_copy import start_ray_row_copier
@@ -488,13 +489,7 @@ def run_save_downtime(args: argparse.Namespace) -> int:
     keepalive: list[Any] = []
     with (
         private_transfer_queue(),
-        destinations(
-            args.destinations,
-            scratch_root=args.scratch_dir,
-            rgw_endpoint=args.rgw_endpoint,
-            rgw_key=args.rgw_key,
-            rgw_secret=args.rgw_secret,
-        ) as dests,
+        _destinations(args) as dests,
     ):
         reset_tq_state()
         copier = start_ray_row_copier(ConnectOnlyDataPlane())
