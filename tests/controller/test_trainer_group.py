@@ -14,9 +14,9 @@ from rlckpt.checkpoint import layout
 from rlckpt.checkpoint.restore import PolicyLocation
 from rlckpt.controller.trainer_group import LocalTrainerGroup, TrainerGroup
 from rlckpt.errors import TrainerGroupError
-from rlckpt.grpo import DigitSumTask, GenerationWorker, GRPOConfig, PromptLoader, TrainBatch, Trainer
-from rlckpt.grpo.advantages import with_group_advantages
+from rlckpt.grpo import DigitSumTask, GRPOConfig, TrainBatch
 from rlckpt.store import BundleStore
+from rlckpt.testing.batches import initial_weight_batches
 from rlckpt.testing.rank_faults import FailRankSave
 
 pytestmark = pytest.mark.slow
@@ -24,15 +24,7 @@ CONFIG = GRPOConfig(group_size=4, prompts_per_step=4)
 TASK = DigitSumTask(seed=0)
 
 
-def _batches(n: int) -> list[TrainBatch]:
-    """n batches generated with the initial weights (the same on every call)."""
-    trainer, worker = Trainer(CONFIG), GenerationWorker(CONFIG, TASK)
-    worker.set_weights(trainer.weights(), 0)
-    loader = PromptLoader(TASK, CONFIG.prompts_per_step, seed=0)
-    return [TrainBatch.from_rows(with_group_advantages(worker.generate(loader.next_batch()))) for _ in range(n)]
-
-
-BATCHES = _batches(4)
+BATCHES = initial_weight_batches(CONFIG, TASK, 4)
 
 
 async def _save(group, store: BundleStore, step: int, *, train_between: TrainBatch | None = None) -> None:

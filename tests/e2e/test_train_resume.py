@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -82,6 +84,14 @@ def test_async_restart_loses_no_prompt_and_trains_none_twice(tmp_path):
     assert sorted(trained + second["unconsumed_draws"]) == list(range(second["drawn"])), "a prompt was lost"
 
 
+@pytest.fixture
+def ray_dir() -> Iterator[str]:
+    """The killed run's private Ray temp dir: short (Ray's socket paths must stay short), removed after."""
+    path = tempfile.mkdtemp(prefix="rlckpt-e2e-ray-", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def _kill_run(proc: subprocess.Popen, ray_dir: str) -> None:
     """SIGKILL the driver and every Ray process of its private cluster (they name its temp dir)."""
     try:
@@ -114,11 +124,10 @@ def _start_held_run(tmp_path, run_dir: str, ray_dir: str, steps: int = 6) -> tup
     return proc, log
 
 
-def test_sigkill_while_a_save_uploads_in_the_background_resumes_from_the_previous_bundle(tmp_path):
+def test_sigkill_while_a_save_uploads_in_the_background_resumes_from_the_previous_bundle(tmp_path, ray_dir):
     """Saves are async: save 4 is held before its COMMIT while training goes on, and the whole
     process tree is SIGKILLed then. The next run resumes from step 2 and saves 4 anew."""
     run_dir = str(tmp_path / "run")
-    ray_dir = tempfile.mkdtemp(prefix="rlckpt-kill-", dir="/tmp")
     proc, _log = _start_held_run(tmp_path, run_dir, ray_dir)
     _kill_run(proc, ray_dir)
     store = BundleStore(run_dir)
@@ -132,11 +141,10 @@ def test_sigkill_while_a_save_uploads_in_the_background_resumes_from_the_previou
         store.open(step).verify()
 
 
-def test_sigterm_with_a_save_in_flight_aborts_it_cleanly(tmp_path):
+def test_sigterm_with_a_save_in_flight_aborts_it_cleanly(tmp_path, ray_dir):
     """SIGTERM to `rlckpt train` while save 4 is in flight: the controller aborts that transaction
     (nothing committed, its intent and staging removed, not left for gc) and the process exits."""
     run_dir = str(tmp_path / "run")
-    ray_dir = tempfile.mkdtemp(prefix="rlckpt-term-", dir="/tmp")
     proc, log = _start_held_run(tmp_path, run_dir, ray_dir)
     try:
         proc.send_signal(signal.SIGTERM)

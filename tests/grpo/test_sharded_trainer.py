@@ -8,19 +8,12 @@ from pathlib import Path
 
 import torch
 
-from rlckpt.grpo import DigitSumTask, GenerationWorker, GRPOConfig, PromptLoader, TrainBatch, Trainer
-from rlckpt.grpo.advantages import with_group_advantages
+from rlckpt.grpo import DigitSumTask, GRPOConfig, Trainer
+from rlckpt.testing.batches import initial_weight_batches
 from rlckpt.testing.dcp_ranks import bitwise_equal, flat_tensors, full_state, process_group, run_ranks
 
 CONFIG = GRPOConfig(group_size=4, prompts_per_step=4)
 TASK = DigitSumTask(seed=0)
-
-
-def _batches(n: int) -> list[TrainBatch]:
-    trainer, worker = Trainer(CONFIG), GenerationWorker(CONFIG, TASK)
-    worker.set_weights(trainer.weights(), 0)
-    loader = PromptLoader(TASK, CONFIG.prompts_per_step, seed=0)
-    return [TrainBatch.from_rows(with_group_advantages(worker.generate(loader.next_batch()))) for _ in range(n)]
 
 
 def _two_ranks(rank: int, world_size: int, port: int, out: str) -> None:
@@ -33,7 +26,7 @@ def _two_ranks(rank: int, world_size: int, port: int, out: str) -> None:
     with process_group(rank, world_size, port) as mesh:
         parallel = DataParallel(rank, world_size, mesh)
         first, second = Trainer(CONFIG, parallel), Trainer(CONFIG, parallel)
-        for batch in _batches(2):
+        for batch in initial_weight_batches(CONFIG, TASK, 2):
             first.train_step(batch)
             second.train_step(batch)
         shas = (first.policy_sha256(), second.policy_sha256())
@@ -53,7 +46,7 @@ def test_sharded_steps_are_bit_identical_and_a_two_rank_checkpoint_loads_whole_a
     assert saved["shas"][0] == saved["shas"][1]
 
     unsharded = Trainer(CONFIG)  # the whole batch in one process: the same update up to float order
-    for batch in _batches(2):
+    for batch in initial_weight_batches(CONFIG, TASK, 2):
         unsharded.train_step(batch)
     for name, tensor in unsharded.weights().items():
         torch.testing.assert_close(tensor, saved["full"][f"model.{name}"], rtol=1e-4, atol=1e-6)
@@ -63,7 +56,7 @@ def test_sharded_steps_are_bit_identical_and_a_two_rank_checkpoint_loads_whole_a
     assert alone.weight_version == 2
     assert alone.policy_sha256() == saved["shas"][0]
     assert bitwise_equal(flat_tensors(full_state(alone.model, alone.optimizer)), saved["full"]) == []
-    alone.train_step(_batches(3)[2])  # and it trains on
+    alone.train_step(initial_weight_batches(CONFIG, TASK, 3)[2])  # and it trains on
     assert alone.weight_version == 3
 
 
@@ -75,7 +68,7 @@ def _two_ranks_save(rank: int, world_size: int, port: int, out: str) -> None:
 
     with process_group(rank, world_size, port) as mesh:
         trainer = Trainer(CONFIG, DataParallel(rank, world_size, mesh))
-        for batch in _batches(2):
+        for batch in initial_weight_batches(CONFIG, TASK, 2):
             trainer.train_step(batch)
         dcp.save(trainer.checkpoint_state(), storage_writer=BundleStorageWriter(out, step=2))
         full = flat_tensors(full_state(trainer.model, trainer.optimizer))
@@ -93,7 +86,7 @@ def _four_ranks_load(rank: int, world_size: int, port: int, out: str) -> None:
         trainer.load_checkpoint(BundleStorageReader(out, step=2))
         full = flat_tensors(full_state(trainer.model, trainer.optimizer))
         sha = trainer.policy_sha256()
-        trainer.train_step(_batches(3)[2])  # and it trains on at the new world size
+        trainer.train_step(initial_weight_batches(CONFIG, TASK, 3)[2])  # and it trains on at the new world size
         if rank == 0:
             torch.save({"sha": sha, "full": full, "version": trainer.weight_version}, Path(out) / "loaded.pt")
 

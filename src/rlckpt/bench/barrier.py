@@ -19,13 +19,14 @@ from typing import Any
 
 from rlckpt.bench.blob_trainer import BlobTrainer
 from rlckpt.bench.destinations import Destination
+from rlckpt.bench.participants import bench_participants
 from rlckpt.bench.pump import RolloutPump
 from rlckpt.bench.rows import MiB, RowShape
 from rlckpt.bench.stats import Summary, summarize
 from rlckpt.bench.timed_barrier import MutationEvent, TimedBarrier, WindowEvent
 from rlckpt.bench.timed_plane import TimedDataPlane
 from rlckpt.checkpoint.row_copy import RowCopier
-from rlckpt.checkpoint.save import SaveParticipants, UploadTiming, save_bundle
+from rlckpt.checkpoint.save import UploadTiming, save_bundle
 from rlckpt.dataplane.base import DataPlaneClient
 from rlckpt.replay import ReplayBuffer
 from rlckpt.store import BundleStore
@@ -171,16 +172,8 @@ async def run_point(
     store = BundleStore(destination.run_url(f"barrier-{size_mib:g}MiB-{upload_timing}"), destination.storage_options)
     if keepalive is not None:
         keepalive.append(store)
-    parts = SaveParticipants(
-        store=store,
-        policy=trainer,
-        replay=replay,
-        capture_loader_state=lambda: {"bench": True},
-        rollout_order="async",
-        staging_root=config.staging_root,
-        compress_data_plane=config.compress,
-        keep_last=1,
-        row_copier=row_copier,
+    parts = bench_participants(
+        store, trainer, replay, staging_root=config.staging_root, compress=config.compress, row_copier=row_copier
     )
     barrier.clear_events()
     pump.latencies.clear()

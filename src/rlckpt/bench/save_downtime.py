@@ -22,11 +22,12 @@ import torch
 
 from rlckpt.bench.barrier import PARTITION
 from rlckpt.bench.destinations import Destination
+from rlckpt.bench.participants import bench_participants
 from rlckpt.bench.pump import RolloutPump
 from rlckpt.bench.rows import MiB, RowShape
 from rlckpt.checkpoint import layout
 from rlckpt.checkpoint.row_copy import RowCopier
-from rlckpt.checkpoint.save import SaveParticipants, UploadTiming, start_save
+from rlckpt.checkpoint.save import UploadTiming, start_save
 from rlckpt.dataplane.base import DataPlaneClient
 from rlckpt.dataplane.threads import run_blocking
 from rlckpt.replay import DataPlaneCheckpointBarrier, ReplayBuffer
@@ -115,16 +116,8 @@ async def measure_destination(
     """``repeats`` synchronous then ``repeats`` async saves of the same state to one destination."""
     store = BundleStore(destination.run_url("downtime"), destination.storage_options)
     keepalive.append(store)  # dropped after the event loop ends (see barrier.run_point)
-    parts = SaveParticipants(
-        store=store,
-        policy=policy,
-        replay=replay,
-        capture_loader_state=lambda: {"bench": True},
-        rollout_order="async",
-        staging_root=config.staging_root,
-        compress_data_plane=config.compress,
-        keep_last=1,
-        row_copier=row_copier,
+    parts = bench_participants(
+        store, policy, replay, staging_root=config.staging_root, compress=config.compress, row_copier=row_copier
     )
     out = []
     step = 0

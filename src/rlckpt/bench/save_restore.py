@@ -23,11 +23,12 @@ from typing import Any
 from rlckpt.bench.barrier import PARTITION
 from rlckpt.bench.blob_trainer import BlobTrainer
 from rlckpt.bench.destinations import Destination
+from rlckpt.bench.participants import bench_participants
 from rlckpt.bench.pump import RolloutPump
 from rlckpt.bench.rows import MiB, RowShape
 from rlckpt.checkpoint.phase import RestorePhase
 from rlckpt.checkpoint.restore import restore_run
-from rlckpt.checkpoint.save import SaveParticipants, save_bundle
+from rlckpt.checkpoint.save import save_bundle
 from rlckpt.checkpoint.staging import staging_dir
 from rlckpt.dataplane.base import DataPlaneClient
 from rlckpt.dataplane.threads import run_blocking
@@ -106,15 +107,8 @@ class _Bench:
         return await run_blocking(self.connect)
 
     async def rlckpt_save(self, store: BundleStore, step: int, result: SaveRestoreResult) -> None:
-        parts = SaveParticipants(
-            store=store,
-            policy=self.trainer,
-            replay=self.replay,
-            capture_loader_state=lambda: {"bench": True},
-            rollout_order="async",
-            staging_root=self.config.staging_root,
-            compress_data_plane=self.config.compress,
-            keep_last=1,
+        parts = bench_participants(
+            store, self.trainer, self.replay, staging_root=self.config.staging_root, compress=self.config.compress
         )
         report = await save_bundle(parts, step, upload_timing="staged")
         result.save_s.append(report.total_s)
