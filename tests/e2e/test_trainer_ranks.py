@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -59,12 +61,16 @@ def test_a_rank_killed_mid_save_commits_nothing_and_the_run_resumes_at_one_rank(
     assert store.open(6).manifest.metadata["trainer_ranks"] == 1
 
 
-def test_two_ranks_on_two_nodes_write_one_bundle_to_s3(tmp_path, s3_run_url, s3_storage_options):
+def test_two_ranks_on_two_nodes_write_one_bundle_to_s3(tmp_path, s3_run_url, s3_storage_options, monkeypatch):
     from ray.cluster_utils import Cluster
 
     import rlckpt.dataplane.ray_cluster  # noqa: F401  # sets Ray's environment before the nodes start
 
     temp_dir = tempfile.mkdtemp(prefix="rlckpt-2n-", dir="/tmp")
+    # Cluster writes the head's address to <RAY_TMPDIR or /tmp>/ray/ray_current_cluster whatever the
+    # nodes' temp_dir, and fails where that dir does not exist (a fresh machine). Keep it in our own dir.
+    monkeypatch.setenv("RAY_TMPDIR", temp_dir)
+    os.mkdir(os.path.join(temp_dir, "ray"))
     slot = {"trainer_slot": 1}  # one per node: rank r can only land on a node without a rank yet
     cluster = Cluster(
         initialize_head=True,
@@ -95,6 +101,7 @@ def test_two_ranks_on_two_nodes_write_one_bundle_to_s3(tmp_path, s3_run_url, s3_
         )
     finally:
         cluster.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
     assert summary["step"] == 2 and summary["bundles"] == [2]
     bundle = BundleStore(s3_run_url, s3_storage_options).open(2)
     bundle.verify()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -28,11 +29,18 @@ GROUP_TIMEOUT = timedelta(seconds=60)
 def _rank_main(
     fn: Callable[..., None], rank: int, world_size: int, port: int, args: tuple[Any, ...], errors: Any
 ) -> None:
+    """Run one rank and end its process without interpreter teardown: what the rank had to say is
+    written by then, and torch's C++ statics (gloo, c10d) sometimes abort in their destructors at exit
+    ("terminate called without an active exception", exit -6) after a rank that did everything right."""
+    code = 0
     try:
         fn(rank, world_size, port, *args)
     except BaseException:
         errors.put((rank, traceback.format_exc()))
-        raise
+        code = 1  # what multiprocessing gives a process whose target raised
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run_ranks(
