@@ -3,6 +3,8 @@ bundle is kept and reported, never counted as "the newest"."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from rlckpt.store import BundleStore
@@ -59,3 +61,50 @@ def test_dry_run_plans_the_same_retention_over_a_corrupt_newest_bundle(store):
     dry = store.gc(keep_last=1, dry_run=True)
     assert (dry.kept_steps, dry.deleted_steps, dry.corrupt_steps) == ([2], [1], [3])
     assert store.steps() == [1, 2, 3]
+
+
+class _ReadersInFlight:
+    """Wraps a backend's read_range: counts the reads of bundle files (not COMMIT or the manifest) running
+    at once. The first waits (up to 2 s) for a second one to start, so readers that may overlap do,
+    whatever the scheduling."""
+
+    def __init__(self, read_range):
+        self._read_range = read_range
+        self._lock = threading.Lock()
+        self._second = threading.Event()
+        self.now = self.most = self.calls = 0
+
+    def __call__(self, path, start, end):
+        if path.rsplit("/", 1)[-1] in ("COMMIT", "manifest.json"):
+            return self._read_range(path, start, end)
+        with self._lock:
+            self.now += 1
+            self.calls += 1
+            self.most = max(self.most, self.now)
+            first = self.calls == 1
+            if self.calls == 2:
+                self._second.set()
+        try:
+            if first:
+                self._second.wait(timeout=2.0)
+            return self._read_range(path, start, end)
+        finally:
+            with self._lock:
+                self.now -= 1
+
+
+def _gc_with_counted_reads(store, **gc_kwargs):
+    reads = _ReadersInFlight(store.backend.read_range)
+    store.backend.read_range = reads  # type: ignore[method-assign]
+    report = store.gc(keep_last=1, **gc_kwargs)
+    assert (report.kept_steps, report.deleted_steps) == ([3], [1, 2])
+    assert reads.calls >= 3  # every file of step 3 was read: it counts only once it verifies
+    return reads
+
+
+def test_gc_with_max_workers_1_reads_one_file_at_a_time(store):
+    assert _gc_with_counted_reads(store, max_workers=1).most == 1
+
+
+def test_gc_reads_the_files_it_verifies_in_parallel_by_default(store):
+    assert _gc_with_counted_reads(store).most > 1

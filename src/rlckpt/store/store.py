@@ -298,16 +298,23 @@ class BundleStore:
         )
 
     # --- maintenance --------------------------------------------------------------------------
-    def gc(self, keep_last: int | None = None, dry_run: bool = False, stale_after: float | None = None) -> GcReport:
+    def gc(
+        self,
+        keep_last: int | None = None,
+        dry_run: bool = False,
+        stale_after: float | None = None,
+        max_workers: int | None = None,
+    ) -> GcReport:
         """Remove debris of dead transactions and, with `keep_last`, committed bundles older than the
         `keep_last` newest ones that fully verify. A dry run is the same plan, not applied.
+        `max_workers` caps the threads that read and remove files (default: the store's).
 
         Raises:
             ValueError: `keep_last` is not an int >= 1.
             StoreUnavailableError: the store cannot be reached.
         """
         self._check_reachable()
-        collector = GarbageCollector(self.backend, self.claims, self.url, self.max_workers)
+        collector = GarbageCollector(self.backend, self.claims, self.url, max_workers or self.max_workers)
         with unavailable_as_store_error(self.url, "collecting garbage"):
             plan = collector.plan(keep_last, self.stale_after if stale_after is None else stale_after)
             return collector.report(plan, dry_run=True) if dry_run else collector.apply(plan)
