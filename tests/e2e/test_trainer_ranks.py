@@ -47,7 +47,10 @@ def test_a_rank_killed_mid_save_commits_nothing_and_the_run_resumes_at_one_rank(
         check=False,
     )
     assert killed.returncode != 0, killed.stdout[-2000:]
-    assert "writing the policy of step 4" in killed.stderr and "rank 1: died" in killed.stderr, killed.stderr[-3000:]
+    # The run stops at whichever call on the ranks notices first: the policy write of step 4, or the
+    # train step that goes on beside it (saves are async). Either names the dead rank.
+    assert "rank 1: died" in killed.stderr, killed.stderr[-3000:]
+    assert "writing the policy of step 4" in killed.stderr or "train step failed" in killed.stderr
     store = BundleStore(run_dir)
     assert store.steps() == [2], "the save the rank died in must not be visible"
     saved = _saved_policy_sha256(run_dir, 2)
