@@ -20,9 +20,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	bash scripts/demo.sh
 
-# Lint, format and types first (seconds), then the suite.
+# Lint, format and types first (seconds), then the suite on two workers: one runs the end-to-end
+# `rlckpt train` runs (each on its own Ray cluster, mostly waiting on start-up) while the other runs
+# the rest beside it (tests/conftest.py groups them).
 test: $(STAMP) lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2 --dist loadgroup
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
