@@ -126,17 +126,15 @@ def test_training_goes_on_while_an_async_save_is_written_and_the_next_save_waits
     while it is in flight, and save 4 (due meanwhile) waits for it rather than running beside it."""
     run = InProcessRun()
     events: list[dict] = []
-    steps_while_held: list[int] = []
 
     async def hold(step: int) -> None:
-        if step == 2:
-            while run.loop.state.step < 4:
-                steps_while_held.append(run.loop.state.step)
-                await asyncio.sleep(0.005)
+        if step == 2:  # the train pump notifies every step; a pump that waited for save 2 never gets to 4
+            await asyncio.wait_for(run.loop._wait(lambda: run.loop.state.step >= 4), timeout=120)
 
     config = TrainConfig(run_dir=str(tmp_path / "run"), steps=4, save_every=2, grpo=SMALL)
     asyncio.run(run_in_process(config, before_commit=hold, on_event=events.append, run=run))
-    assert 3 in steps_while_held  # the train pump stepped past the save in flight
+    order = [(e["event"], e["step"] if e["event"] == "step" else e.get("saved")) for e in events]
+    assert order.index(("step", 3)) < order.index(("save", 2))  # step 3 trained while save 2 was in flight
     step4 = next(e for e in events if e.get("event") == "step" and e["step"] == 4)
     assert step4["save_started"] == 4 and step4["save_wait_s"] > 0
     saved = [e["saved"] for e in events if e.get("event") == "save" and "saved" in e]
@@ -158,8 +156,7 @@ def test_stopping_a_run_with_a_save_in_flight_aborts_it_and_keeps_the_previous_b
         config = TrainConfig(run_dir=str(tmp_path / "run"), steps=6, save_every=2, grpo=SMALL)
         task = asyncio.create_task(run_in_process(config, before_commit=hold, run=run))
         await held.wait()
-        while run.loop.state.step < stop_at_step:  # 6: the train pump is waiting to start save 6
-            await asyncio.sleep(0.005)
+        await run.loop._wait(lambda: run.loop.state.step >= stop_at_step)  # 6: save 6 waits for save 4
         task.cancel()  # what SIGTERM / Ctrl-C amounts to in the controller
         with pytest.raises(asyncio.CancelledError):
             await task
