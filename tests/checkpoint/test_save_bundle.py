@@ -142,7 +142,8 @@ def test_rollout_commits_wait_while_the_window_is_held_and_proceed_after():
         async with parts.replay.barrier.checkpoint():
             gid = parts.replay.reserve(weight_version=0, target_step=0)
             commit = asyncio.create_task(parts.replay.commit(gid, _rows(9), start_weight=0, end_weight=0))
-            await asyncio.sleep(0.01)
+            while parts.replay.barrier.waiting == 0:  # until the commit is parked at the barrier
+                await asyncio.sleep(0)
             order.append(("window", commit.done()))
         await commit
         order.append(("after", commit.done()))

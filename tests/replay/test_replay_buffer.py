@@ -141,7 +141,8 @@ def test_a_commit_waits_while_a_checkpoint_window_is_held():
         gid = buf.reserve(0)
         async with buf.barrier.checkpoint():
             task = asyncio.create_task(buf.commit(gid, group_rows(1), start_weight=0, end_weight=0))
-            await asyncio.sleep(0.01)
+            while buf.barrier.waiting == 0:  # until the commit is parked at the barrier
+                await asyncio.sleep(0)
             state = buf.metadata_state_dict()
             assert not task.done()
         await task
