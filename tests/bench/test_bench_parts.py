@@ -114,3 +114,18 @@ def test_results_json_reads_back_into_the_same_points_for_replotting():
 def test_bench_barrier_still_accepts_the_old_modes_spelling_for_upload_timings():
     args = build_parser().parse_args(["bench", "barrier", "--modes", "staged"])
     assert args.upload_timings == ["staged"]
+
+
+def test_replot_writes_the_table_and_plot_into_a_new_out_dir(tmp_path, capsys):
+    import json
+
+    from rlckpt.bench.barrier import BarrierConfig, result_document
+    from rlckpt.cli.main import main
+
+    points = [_point("local", "staged", 0.1), _point("local", "pinned", 0.0001)]
+    results = tmp_path / "barrier_stall.json"
+    results.write_text(json.dumps(result_document(points, BarrierConfig(), {"command": "test", "date_utc": "now"})))
+    out = tmp_path / "new" / "dir"
+    assert main(["bench", "barrier", "--replot", str(results), "--out-dir", str(out)]) == 0
+    assert "| local | pinned |" in (out / "barrier_stall.md").read_text()
+    assert (out / "barrier_stall.png").read_bytes().startswith(b"\x89PNG")

@@ -58,14 +58,23 @@ def targets_table(checks: Sequence[TargetCheck]) -> str:
     return header + "\n".join(lines) + "\n"
 
 
+# The plot's panels: (PointResult field, summary statistic, title). The first two are the wait at the
+# barrier; the third the whole commit, put included, so a stall moved into slower puts shows too.
+BARRIER_PANELS = (
+    ("commits_during_save", "p99_ms", "p99 wait at the barrier during saves"),
+    ("commits_during_save", "max_ms", "max wait at the barrier during saves"),
+    ("latency_during_save", "p99_ms", "p99 whole commit (put included) during saves"),
+)
+
+
 def barrier_plot(points: Sequence[PointResult], path: Path) -> Path:
-    """PNG: p99 and max commit stall during saves vs data-plane size, one line per upload timing × destination."""
+    """PNG: vs data-plane size, one line per upload timing × destination, one panel per BARRIER_PANELS."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    fig, axes = plt.subplots(1, len(BARRIER_PANELS), figsize=(15, 5.2), sharey=True)
     keys = sorted({(p.upload_timing, p.destination) for p in points})
     for timing, dest in keys:
         series = sorted(
@@ -74,8 +83,8 @@ def barrier_plot(points: Sequence[PointResult], path: Path) -> Path:
         sizes = [p.data_plane_bytes / MiB for p in series]
         style = {"staged": "-", "inline": "--", "pinned": "-."}.get(timing, ":")
         marker = {"local": "o", "s3-moto": "s", "s3-rgw": "^"}.get(dest, "x")
-        for ax, metric in zip(axes, ("p99_ms", "max_ms"), strict=True):
-            values = [max(getattr(p.commits_during_save, metric), 0.01) for p in series]
+        for ax, (field, metric, _title) in zip(axes, BARRIER_PANELS, strict=True):
+            values = [max(getattr(getattr(p, field), metric), 0.01) for p in series]
             ax.plot(sizes, values, style, marker=marker, label=f"{timing} · {dest}")
     snapshots = sorted(
         (
@@ -86,24 +95,36 @@ def barrier_plot(points: Sequence[PointResult], path: Path) -> Path:
         for p in points
         if p.upload_timing == "staged" and p.saves and p.destination == "local"
     )
-    if snapshots:
-        for ax in axes:
+    for ax in axes:
+        if snapshots:
             xs = [x for x, _, _ in snapshots]
             ax.plot(xs, [m for _, m, _ in snapshots], ":", color="gray", label="TQ snapshot, median save (local)")
             ax.plot(xs, [w for _, _, w in snapshots], ":", color="black", label="TQ snapshot, slowest save (local)")
+    idle: dict[float, list[float]] = {}  # local whole-commit p99 outside saves, every upload timing's point
+    for p in points:
+        if p.destination == "local":
+            idle.setdefault(p.data_plane_bytes / MiB, []).append(p.latency_idle.p99_ms)
+    if idle:
+        xs = sorted(idle)
+        median = [statistics.median(idle[x]) for x in xs]
+        axes[-1].plot(xs, median, "-", color="silver", lw=3, label="whole commit p99, no save (local)")
     all_sizes = sorted({p.data_plane_bytes / MiB for p in points})
-    for ax, title in zip(axes, ("p99 commit wait during saves", "max commit wait during saves"), strict=True):
+    for ax, (_field, _metric, title) in zip(axes, BARRIER_PANELS, strict=True):
         ax.set_xscale("log", base=2)
         ax.set_xticks(all_sizes, [f"{x:.0f}" for x in all_sizes])
         ax.minorticks_off()
         ax.set_yscale("log")
         ax.set_xlabel("data plane (MiB)")
-        ax.set_title(title)
+        ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_ylabel("stall (ms)")
-    axes[1].legend(fontsize=8)
-    fig.suptitle("rollout commit stall while a checkpoint is saved (rlckpt bench barrier)")
-    fig.tight_layout()
+    axes[0].set_ylabel("ms")
+    handles: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.suptitle("rollout commits while a checkpoint is saved (rlckpt bench barrier)")
+    fig.tight_layout(rect=(0, 0.16, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

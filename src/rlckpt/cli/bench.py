@@ -404,6 +404,7 @@ def _replot(args: argparse.Namespace) -> int:
     points = points_from_document(document)
     meta = document["meta"]
     out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     markdown = barrier_table(points) + "\n" + targets_table(evaluate_targets(points))
     (out / "barrier_stall.md").write_text(f"Command: `{meta['command']}` ({meta['date_utc']})\n\n" + markdown)
     barrier_plot(points, out / "barrier_stall.png")
