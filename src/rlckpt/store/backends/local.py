@@ -129,11 +129,16 @@ class LocalBackend(Backend):
         return self.read_range(path, 0, limit + 1)
 
     def read_range(self, path: str, start: int, end: int) -> bytes:
+        """One pread for the whole range (a regular file answers it in full or up to its end), so the
+        bytes are copied out of the page cache once; more only if the kernel returns fewer."""
         fd = self._open_regular(path)
         try:
-            chunks, pos = [], start
+            first = os.pread(fd, end - start, start) if end > start else b""
+            if len(first) in (0, end - start):
+                return first
+            chunks, pos = [first], start + len(first)
             while pos < end:
-                chunk = os.pread(fd, min(end - pos, COPY_CHUNK), pos)
+                chunk = os.pread(fd, end - pos, pos)
                 if not chunk:
                     break
                 chunks.append(chunk)
