@@ -129,14 +129,11 @@ class LocalBackend(Backend):
         return self.read_range(path, 0, limit + 1)
 
     def read_range(self, path: str, start: int, end: int) -> bytes:
-        """One pread for the whole range (a regular file answers it in full or up to its end), so the
-        bytes are copied out of the page cache once; more only if the kernel returns fewer."""
+        """The whole rest of the range in each pread: a regular file answers it in one, and the join of
+        one chunk is that chunk, so the bytes are copied out of the page cache once."""
         fd = self._open_regular(path)
         try:
-            first = os.pread(fd, end - start, start) if end > start else b""
-            if len(first) in (0, end - start):
-                return first
-            chunks, pos = [first], start + len(first)
+            chunks, pos = [], start
             while pos < end:
                 chunk = os.pread(fd, end - pos, pos)
                 if not chunk:
