@@ -155,16 +155,17 @@ class ControllerLoop:
         if version != self.state.step:
             raise CheckpointError(f"trainer is at weight version {version}, the run state at step {self.state.step}")
         rollout = asyncio.create_task(self._rollout_pump(), name="rollout-pump")
+        train = asyncio.create_task(self._train_pump(), name="train-pump")
         try:
-            train = asyncio.create_task(self._train_pump(), name="train-pump")
             done, _ = await asyncio.wait({rollout, train}, return_when=asyncio.FIRST_COMPLETED)
             if rollout in done and rollout.exception() is not None:
-                train.cancel()
-                await asyncio.gather(train, return_exceptions=True)
                 raise rollout.exception()  # type: ignore[misc]
             await train
             await self._join_save_in_flight()  # the last save commits before the run ends (rollouts still flow)
         finally:
+            # stopped early: the train pump goes first, else it would begin the next save after the abort
+            train.cancel()
+            await asyncio.gather(train, return_exceptions=True)
             await self._abort_save_in_flight()  # only when stopped early: nothing half-committed is left
             rollout.cancel()
             await asyncio.gather(rollout, return_exceptions=True)
