@@ -163,7 +163,8 @@ async def _first_that_verifies(
         try:
             if entry.state == "corrupt":
                 raise CorruptBundleError(entry.detail)
-            return (*await _fetch_and_check(store, entry.step, staging, expected_rollout_order), skipped)
+            bundle = await run_blocking(store.open, entry.step)
+            return (*await _fetch_and_check(bundle, staging, expected_rollout_order), skipped)
         except CorruptBundleError as exc:
             logger.warning(
                 "SKIPPING step %d at %s: it does not verify (%s); trying an older bundle", entry.step, store.url, exc
@@ -176,29 +177,44 @@ async def _first_that_verifies(
     )
 
 
-async def _pinned(
-    store: BundleStore, candidates: list[StoreEntry], staging: Path, expected_rollout_order: str | None, step: int
-) -> tuple[Bundle, _FetchedPieces, dict[str, Any]]:
-    """`resume_step`: that step or an error, never another one; and no newer bundle it would collide with."""
-    newer = [e.step for e in candidates if e.step > step and e.state == "committed"]
+def check_resume_step(store: BundleStore, step: int, entries: list[StoreEntry] | None = None) -> Bundle:
+    """The checks of a pinned resume that need no cluster: no newer committed bundle the resumed run
+    would save over, and `step` opens (marker → manifest digest → listing). Its digests are checked
+    when it is fetched. `rlckpt train` runs this before Ray starts, so a wrong step fails in a second.
+
+    Raises:
+        CheckpointError: naming the step, the store and why.
+    """
+    entries = store.entries() if entries is None else entries
+    newer = [e.step for e in entries if e.step > step and e.state == "committed"]
     if newer:
         raise CheckpointError(
             f"cannot resume step {step} at {store.url}: newer committed bundles {newer} exist, and the resumed run "
             "would save over their steps; move them aside or resume in a new run dir"
         )
     try:
-        return await _fetch_and_check(store, step, staging, expected_rollout_order)
+        return store.open(step)
+    except (CorruptBundleError, UncommittedBundleError) as exc:
+        raise CheckpointError(f"cannot resume step {step} at {store.url}: it does not verify ({exc})") from exc
+
+
+async def _pinned(
+    store: BundleStore, candidates: list[StoreEntry], staging: Path, expected_rollout_order: str | None, step: int
+) -> tuple[Bundle, _FetchedPieces, dict[str, Any]]:
+    """`resume_step`: that step or an error, never another one; and no newer bundle it would collide with."""
+    bundle = await run_blocking(check_resume_step, store, step, candidates)
+    try:
+        return await _fetch_and_check(bundle, staging, expected_rollout_order)
     except (CorruptBundleError, UncommittedBundleError) as exc:
         raise CheckpointError(f"cannot resume step {step} at {store.url}: it does not verify ({exc})") from exc
 
 
 async def _fetch_and_check(
-    store: BundleStore, step: int, staging: Path, expected_rollout_order: str | None
+    bundle: Bundle, staging: Path, expected_rollout_order: str | None
 ) -> tuple[Bundle, _FetchedPieces, dict[str, Any]]:
-    """Open one bundle, fetch every piece digest-checked and check the pairing; nothing is loaded yet."""
-    bundle: Bundle = await run_blocking(store.open, step)
-    logger.info("restoring step %d from %s", step, store.url)
-    pieces = await run_blocking(_fetch_verified, bundle, staging / f"step_{step}")  # 2
+    """Fetch every piece of an opened bundle digest-checked and check the pairing; nothing is loaded yet."""
+    logger.info("restoring step %d from %s", bundle.step, bundle.url)
+    pieces = await run_blocking(_fetch_verified, bundle, staging / f"step_{bundle.step}")  # 2
     return bundle, pieces, _check_pairing(bundle.manifest, pieces, expected_rollout_order)  # 2
 
 

@@ -207,7 +207,7 @@ def run(
     from tqdm import tqdm
 
     from rlckpt.controller.config import TrainConfig
-    from rlckpt.controller.setup import setup_single_controller
+    from rlckpt.controller.setup import check_start, setup_single_controller
     from rlckpt.dataplane.ray_cluster import connect_ray, start_local_ray, stop_local_ray
 
     config = TrainConfig(
@@ -228,6 +228,7 @@ def run(
         trainer_ranks=args.trainer_ranks,
         trainer_resources=args.trainer_resources,
     )
+    check_start(config)  # a wrong --resume-step or --fresh fails here, before Ray and TQ take ≈20 s to start
     ray_dir = args.ray_temp_dir or tempfile.mkdtemp(prefix="rlckpt-ray-", dir="/tmp")
     if args.ray_address:
         connect_ray(args.ray_address, log_to_driver=args.verbose > 0)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlckpt.checkpoint.phase import RestorePhase
-from rlckpt.checkpoint.restore import RestoredRun, restore_run
+from rlckpt.checkpoint.restore import RestoredRun, check_resume_step, restore_run
 from rlckpt.checkpoint.row_copy import start_ray_row_copier
 from rlckpt.checkpoint.save import SaveHook
 from rlckpt.controller.actor import SingleControllerActor
@@ -84,6 +84,21 @@ class SingleController:
         self.trainer_side.shutdown()
 
 
+def check_start(config: TrainConfig) -> BundleStore:
+    """What a start refuses before any cluster exists: ``--fresh`` over committed bundles, and a
+    ``--resume-step`` that has newer bundles or does not open (``check_resume_step``). Returns the
+    run's store. `rlckpt train` calls it before starting Ray and TransferQueue (≈20 s)."""
+    store = BundleStore(config.run_dir, config.storage_options)
+    if config.fresh and store.steps():
+        raise CheckpointError(
+            f"--fresh but {store.url} already holds committed bundles (steps {store.steps()}); "
+            "use a new run dir, or resume without --fresh"
+        )
+    if config.resume_step is not None and not config.fresh:
+        check_resume_step(store, config.resume_step)
+    return store
+
+
 def setup_single_controller(
     config: TrainConfig, *, before_commit: SaveHook | None = None, save_planner: SavePlannerFactory | None = None
 ) -> SingleController:
@@ -95,12 +110,7 @@ def setup_single_controller(
     import ray
 
     started = time.perf_counter()
-    store = BundleStore(config.run_dir, config.storage_options)
-    if config.fresh and store.steps():
-        raise CheckpointError(
-            f"--fresh but {store.url} already holds committed bundles (steps {store.steps()}); "
-            "use a new run dir, or resume without --fresh"
-        )
+    store = check_start(config)
     task = DigitSumTask(seed=config.task_seed, num_prompts=config.num_prompts)
     loader = PromptLoader(task, config.grpo.prompts_per_step, seed=config.grpo.seed)
     phase = RestorePhase()
