@@ -156,9 +156,11 @@ class TrainerGroup:
         resources: dict[str, float] | None = None,
         timeout_s: float = RANK_CALL_TIMEOUT_S,
         save_planner: SavePlannerFactory | None = None,
+        form: bool = True,
     ) -> None:
-        """Start the ranks (each with ``resources``, Ray custom resources, e.g. one per node) and form
-        the group; TrainerGroupError if a rank does not come up or join within ``timeout_s``."""
+        """Start the ranks (each with ``resources``, Ray custom resources, e.g. one per node) and, unless
+        ``form`` is False (the caller starts something else while the ranks boot, then calls
+        ``form()``), form the group; TrainerGroupError if a rank does not come up or join within ``timeout_s``."""
         import ray
 
         if ranks < 1:
@@ -171,8 +173,17 @@ class TrainerGroup:
         )
         self.actors: list[Any] = [actor_class.remote(config, rank, ranks, save_planner) for rank in range(ranks)]
         self.handle = TrainerGroupHandle(tuple(self.actors), timeout_s)
+        self.timeout_s = timeout_s
+        if form:
+            self.form()
+
+    def form(self) -> None:
+        """Wait for the ranks to come up and join one gloo group; on a failure every rank is killed."""
+        import ray
+
+        ranks = len(self.actors)
         try:
-            address, port = ray.get(self.actors[0].rendezvous.remote(), timeout=timeout_s)
+            address, port = ray.get(self.actors[0].rendezvous.remote(), timeout=self.timeout_s)
             joining = self.handle._call_all("forming the trainer group", "join_group", address, port, GROUP_TIMEOUT_S)
             asyncio.run(joining)
         except Exception as exc:

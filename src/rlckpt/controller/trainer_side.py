@@ -35,12 +35,17 @@ class TrainerSide:
         save_planner: SavePlannerFactory | None = None,
     ) -> None:
         self.group = TrainerGroup(
-            config, ranks=ranks, resources=resources, timeout_s=timeout_s, save_planner=save_planner
+            config, ranks=ranks, resources=resources, timeout_s=timeout_s, save_planner=save_planner, form=False
         )
-        try:
+        try:  # TransferQueue starts while the rank processes boot (importing torch); then the group forms
             self.data_plane = TransferQueueClient(tq_config, bootstrap=True)
         except BaseException:
             self.group.shutdown()
+            raise
+        try:
+            self.group.form()
+        except BaseException:
+            asyncio.run(self.data_plane.close())
             raise
         logger.info("%d trainer ranks and TransferQueue (bootstrap client) started", ranks)
 
