@@ -2,6 +2,7 @@
 rollout order, and with async every drawn prompt is trained exactly once across a restart."""
 
 import asyncio
+import shutil
 
 import pytest
 
@@ -18,6 +19,7 @@ from rlckpt.grpo import (
     run_steps,
 )
 from rlckpt.store import BundleStore
+from rlckpt.store.paths import step_dirname
 from rlckpt.testing.controller import InProcessRun, run_in_process
 
 SMALL = GRPOConfig(group_size=4, prompts_per_step=4)
@@ -44,6 +46,26 @@ def test_in_order_resume_is_bit_exact(store_location, tmp_path):
     assert first.step == 4 and resumed.resumed_from == 4
     assert resumed.policy_sha256 == straight.policy_sha256
     assert first.trained_draws + resumed.trained_draws == straight.trained_draws
+
+
+@pytest.fixture(scope="module")
+def straight_to_8(tmp_path_factory):
+    """One uninterrupted run to step 8 with async, pinned saves (the defaults) at 2, 4, 6 and 8."""
+    run_dir = tmp_path_factory.mktemp("straight") / "run"
+    return run_dir, _run(str(run_dir), 8)
+
+
+@pytest.mark.parametrize("resume_from", [2, 4, 6])
+def test_in_order_resume_from_any_bundle_of_a_run_ends_bit_identical(straight_to_8, tmp_path, resume_from):
+    straight_dir, straight = straight_to_8
+    run_dir = tmp_path / "run"
+    shutil.copytree(straight_dir, run_dir)
+    for newer in range(resume_from + 2, 9, 2):  # as if the run had been killed right after `resume_from`
+        shutil.rmtree(run_dir / step_dirname(newer))
+    resumed = _run(str(run_dir), 8)
+    assert resumed.resumed_from == resume_from
+    assert resumed.policy_sha256 == straight.policy_sha256
+    assert BundleStore(str(run_dir)).steps() == [2, 4, 6, 8]
 
 
 def test_async_restart_trains_every_drawn_prompt_exactly_once(tmp_path):
