@@ -95,9 +95,9 @@ def barrier_plot(points: Sequence[PointResult], path: Path) -> Path:
         for p in points
         if p.upload_timing == "staged" and p.saves and p.destination == "local"
     )
-    for ax in axes:
-        if snapshots:
-            xs = [x for x, _, _ in snapshots]
+    if snapshots:
+        xs = [x for x, _, _ in snapshots]
+        for ax in axes:
             ax.plot(xs, [m for _, m, _ in snapshots], ":", color="gray", label="TQ snapshot, median save (local)")
             ax.plot(xs, [w for _, _, w in snapshots], ":", color="black", label="TQ snapshot, slowest save (local)")
     idle: dict[float, list[float]] = {}  # local whole-commit p99 outside saves, every upload timing's point

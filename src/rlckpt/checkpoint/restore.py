@@ -195,7 +195,7 @@ def check_resume_step(store: BundleStore, step: int, entries: list[StoreEntry] |
     try:
         return store.open(step)
     except (CorruptBundleError, UncommittedBundleError) as exc:
-        raise CheckpointError(f"cannot resume step {step} at {store.url}: it does not verify ({exc})") from exc
+        raise _does_not_verify(store, step, exc) from exc
 
 
 async def _pinned(
@@ -206,7 +206,11 @@ async def _pinned(
     try:
         return await _fetch_and_check(bundle, staging, expected_rollout_order)
     except (CorruptBundleError, UncommittedBundleError) as exc:
-        raise CheckpointError(f"cannot resume step {step} at {store.url}: it does not verify ({exc})") from exc
+        raise _does_not_verify(store, step, exc) from exc
+
+
+def _does_not_verify(store: BundleStore, step: int, cause: Exception) -> CheckpointError:
+    return CheckpointError(f"cannot resume step {step} at {store.url}: it does not verify ({cause})")
 
 
 async def _fetch_and_check(

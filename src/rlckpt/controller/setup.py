@@ -88,14 +88,20 @@ def check_start(config: TrainConfig) -> BundleStore:
     """What a start refuses before any cluster exists: ``--fresh`` over committed bundles, and a
     ``--resume-step`` that has newer bundles or does not open (``check_resume_step``). Returns the
     run's store. `rlckpt train` calls it before starting Ray and TransferQueue (≈20 s)."""
+    store = _refuse_fresh_over_bundles(config)
+    if config.resume_step is not None and not config.fresh:
+        check_resume_step(store, config.resume_step)
+    return store
+
+
+def _refuse_fresh_over_bundles(config: TrainConfig) -> BundleStore:
+    """The run's store; CheckpointError if ``--fresh`` would start over committed bundles."""
     store = BundleStore(config.run_dir, config.storage_options)
     if config.fresh and store.steps():
         raise CheckpointError(
             f"--fresh but {store.url} already holds committed bundles (steps {store.steps()}); "
             "use a new run dir, or resume without --fresh"
         )
-    if config.resume_step is not None and not config.fresh:
-        check_resume_step(store, config.resume_step)
     return store
 
 
@@ -110,7 +116,7 @@ def setup_single_controller(
     import ray
 
     started = time.perf_counter()
-    store = check_start(config)
+    store = _refuse_fresh_over_bundles(config)  # restore_run checks a --resume-step itself
     task = DigitSumTask(seed=config.task_seed, num_prompts=config.num_prompts)
     loader = PromptLoader(task, config.grpo.prompts_per_step, seed=config.grpo.seed)
     phase = RestorePhase()

@@ -173,7 +173,6 @@ class TrainerGroup:
         )
         self.actors: list[Any] = [actor_class.remote(config, rank, ranks, save_planner) for rank in range(ranks)]
         self.handle = TrainerGroupHandle(tuple(self.actors), timeout_s)
-        self.timeout_s = timeout_s
         if form:
             self.form()
 
@@ -183,7 +182,7 @@ class TrainerGroup:
 
         ranks = len(self.actors)
         try:
-            address, port = ray.get(self.actors[0].rendezvous.remote(), timeout=self.timeout_s)
+            address, port = ray.get(self.actors[0].rendezvous.remote(), timeout=self.handle.timeout_s)
             joining = self.handle._call_all("forming the trainer group", "join_group", address, port, GROUP_TIMEOUT_S)
             asyncio.run(joining)
         except Exception as exc:
