@@ -76,9 +76,12 @@ class RolloutPump:
         while not stop.is_set():
             await self._trim_wanted.wait()
             self._trim_wanted.clear()
-            committed = [g for g in self.replay.groups() if g.committed]
-            for record in committed[: max(0, len(committed) - self.keep_groups)]:
-                await self.replay.remove_group(record.group_id)
+            await self._trim()
+
+    async def _trim(self) -> None:
+        committed = [g for g in self.replay.groups() if g.committed]
+        for record in committed[: max(0, len(committed) - self.keep_groups)]:
+            await self.replay.remove_group(record.group_id)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Start a commit every ``1/rate`` seconds until ``stop`` is set; then wait for the rest."""
@@ -106,3 +109,6 @@ class RolloutPump:
             await asyncio.gather(consumer, return_exceptions=True)
         if self.failures:
             raise self.failures[0]
+        # commits that landed while the consumer finished its last trim were never trimmed: the data
+        # plane ends at its target size however many commits the stop caught in flight
+        await self._trim()
