@@ -126,6 +126,11 @@ class RestoreOrderError(CheckpointError):
     """An object was built out of the asserted restore order."""
 
 
+class BundleFormatError(CheckpointError):
+    """A bundle's run-bundle format cannot be resumed by this rlckpt: written by a newer one, or not by
+    `rlckpt train` at all. One line naming the format, its writer and what to do instead."""
+
+
 class ShardedCheckpointError(CheckpointError):
     """A DCP (torch.distributed.checkpoint) save or load through rlckpt.dcp cannot go on as asked: a
     bundle without `.metadata` under the prefix, ranks that opened different bundles, a writer used

@@ -13,6 +13,7 @@ from rlckpt.checkpoint.restore import PolicyLocation, restore_run
 from rlckpt.controller.config import TrainConfig
 from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
 from rlckpt.errors import (
+    BundleFormatError,
     CheckpointError,
     RestoreOrderError,
     RestoreRefusedError,
@@ -157,37 +158,27 @@ def test_resuming_with_another_rollout_order_is_refused_naming_the_flag_to_use(t
         _restore(BundleStore(trained_run), expected_rollout_order="async")
 
 
-def test_a_bundle_of_the_previous_run_bundle_format_is_refused_naming_its_format(trained_run, tmp_path):
-    store = BundleStore(str(tmp_path / "run"))
-    bundle = BundleStore(trained_run).open(4)
-    old = dict(bundle.manifest.metadata)  # what format 1 wrote: "mode" and "save_mode"
-    old.update(
-        {
-            layout.META_FORMAT: 1,
-            "mode": old.pop(layout.META_ROLLOUT_ORDER),
-            "save_mode": old.pop(layout.META_UPLOAD_TIMING),
-        }
-    )
-    with store.begin(4) as txn:
-        for rel in bundle.manifest.files:
-            txn.write_bytes(rel, bundle.read_bytes(rel))
-        txn.commit(old)
-    plane = InMemoryStore()
-    with pytest.raises(CheckpointError, match="run-bundle format 1, this rlckpt reads format 3"):
-        _restore(store, plane=plane)
-    assert plane.is_empty()
-
-
-def test_a_format_2_bundle_with_its_one_file_policy_is_refused_naming_that_file(trained_run, tmp_path):
-    store = BundleStore(str(tmp_path / "run"))
+def _recommitted(trained_run: str, run_dir: Path, **metadata: object) -> BundleStore:
+    """A run dir holding bundle 4 of `trained_run` with its manifest metadata changed as given."""
+    store = BundleStore(str(run_dir))
     bundle = BundleStore(trained_run).open(4)
     with store.begin(4) as txn:
         for rel in bundle.manifest.files:
             txn.write_bytes(rel, bundle.read_bytes(rel))
-        txn.commit({**bundle.manifest.metadata, layout.META_FORMAT: 2})
+        txn.commit({**bundle.manifest.metadata, **metadata})
+    return store
+
+
+def test_a_bundle_of_a_newer_run_bundle_format_is_refused_in_one_line_naming_it_before_anything_loads(
+    trained_run, tmp_path
+):
+    store = _recommitted(trained_run, tmp_path / "run", **{layout.META_FORMAT: layout.RUN_BUNDLE_FORMAT + 1})
     plane = InMemoryStore()
-    with pytest.raises(CheckpointError, match="format 2, this rlckpt reads format 3 .*policy/state.pt"):
+    with pytest.raises(BundleFormatError) as refused:
         _restore(store, plane=plane)
+    message = str(refused.value)
+    assert f"run-bundle format {layout.RUN_BUNDLE_FORMAT + 1} was written by a newer rlckpt" in message
+    assert "resume it with that newer rlckpt" in message and "\n" not in message
     assert plane.is_empty()
 
 

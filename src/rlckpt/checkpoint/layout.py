@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 POLICY_DIR = "policy"  # the trainer ranks' DCP checkpoint: .metadata + per-rank shard files (participants rank<i>)
-POLICY_FILE = "policy/state.pt"  # a policy staged as one blob (StagedBytes: the benchmarks' stand-in trainer)
+POLICY_FILE = "policy/state.pt"  # the whole policy in one torch.save file: run formats 1-2, and the benchmarks' blob
 LOADER_FILE = "train_dataloader.pt"  # dataloader position + prompts drawn but not yet committed
 REPLAY_FILE = "replay_buffer_metadata.pt"  # the replay index (no tensors)
 DATA_PLANE_DIR = "data_plane"  # TransferQueue's own snapshot, staged locally then uploaded
@@ -16,7 +16,6 @@ META_ROLLOUT_ORDER = "rollout_order"  # the run's: "in_order" or "async" (`rlckp
 META_UPLOAD_TIMING = "upload_timing"  # the save's: "staged" or "inline" (recorded, never checked)
 META_FORMAT = "rlckpt_run_format"
 META_TRAINER_RANKS = "trainer_ranks"  # how many ranks saved policy/ (recorded; a resume may use another count)
-# 3: policy/ is a DCP checkpoint written by the trainer ranks as participants (2 held one policy/state.pt);
-# 2: the rollout order and the upload timing are recorded under the keys above (1 said "mode" and
-# "save_mode"); restore refuses any other format.
+# The run-bundle format written today. 3: policy/ is a DCP checkpoint written by the trainer ranks as
+# participants. Restore reads 1 and 2 too; what each held and how it is read: checkpoint/run_format.py.
 RUN_BUNDLE_FORMAT = 3

@@ -6,12 +6,14 @@
    ``RestoredRun.skipped``); ``resume_step`` pins one step instead and fails if it does not verify
 2. fetch every piece, verifying every digest (``policy/`` checked in place: the trainer ranks
    read it themselves; loader and replay index into memory; ``data_plane/`` into local staging);
-   check the run-bundle format, the rollout order and the pairing: the manifest, TransferQueue's
-   ``metadata.json`` and the replay index must name the same index digest (a sidecar/data-plane
-   pair from different saves is refused here)
+   read the run-bundle record in whichever format wrote it (``run_format``), check the rollout
+   order and the pairing: the manifest, TransferQueue's ``metadata.json`` and the replay index must
+   name the same index digest (a sidecar/data-plane pair from different saves is refused here); an
+   index of an older format is read into today's (``replay.index_formats``)
 3. trainer state (every trainer rank loads its shards with ``dcp.load``, digest-checked again, at
-   any world size) and dataloader position; then the bootstrap data-plane client loads the
-   snapshot → the metadata it was saved with
+   any world size; a policy saved whole by run formats 1-2 is loaded whole and sharded by the ranks)
+   and dataloader position; then the bootstrap data-plane client loads the snapshot → the metadata
+   it was saved with
 
 The restore phase moves NOT_STARTED → RESTORING → RESTORED (or FAILED) around 3, so the
 connect-only client and the replay buffer can only be built afterwards (step 4, controller.setup).
@@ -27,13 +29,15 @@ from typing import Any, Protocol
 
 from rlckpt.checkpoint import codec, layout
 from rlckpt.checkpoint.phase import RestorePhase
+from rlckpt.checkpoint.run_format import INDEX_1_COMMIT_FIELDS, POLICY_DCP, PolicyForm, RunBundle, read_run_bundle
 from rlckpt.checkpoint.staging import staging_dir
 from rlckpt.dataplane.base import DataPlaneClient
 from rlckpt.dataplane.rows_snapshot import restore_snapshot
 from rlckpt.dataplane.snapshot_metadata import read_snapshot_metadata
 from rlckpt.dataplane.threads import run_blocking
-from rlckpt.errors import CheckpointError, CorruptBundleError, DataPlaneError, UncommittedBundleError
+from rlckpt.errors import CheckpointError, CorruptBundleError, DataPlaneError, ReplayStateError, UncommittedBundleError
 from rlckpt.replay import groups_digest
+from rlckpt.replay.index_formats import upgrade_index
 from rlckpt.store import Bundle, BundleStore, Manifest, StoreEntry
 
 logger = logging.getLogger(__name__)
@@ -48,7 +52,8 @@ class PolicyLocation:
     url: str
     storage_options: dict[str, Any]
     step: int
-    prefix: str = layout.POLICY_DIR
+    prefix: str = layout.POLICY_DIR  # the DCP checkpoint's directory, or the file of a whole policy
+    form: PolicyForm = POLICY_DCP  # "whole": one file of the trainer's unsharded state (run formats 1-2)
 
 
 class TrainerStateSink(Protocol):
@@ -95,6 +100,17 @@ class _FetchedPieces:
     snapshot_dir: Path
 
 
+@dataclass
+class _CheckedBundle:
+    """A bundle whose pieces verified and pair up; nothing is loaded yet."""
+
+    bundle: Bundle
+    pieces: _FetchedPieces
+    run: RunBundle
+    index: dict[str, Any]  # the replay index in today's format
+    saved_index_digest: str  # the digest it was saved (and paired with its snapshot) under
+
+
 async def restore_run(
     store: BundleStore,
     *,
@@ -115,6 +131,8 @@ async def restore_run(
     Raises:
         CheckpointError: `resume_step` does not verify, is not committed, or newer bundles that
             verify would collide with the resumed run's saves; or no committed bundle verifies.
+        BundleFormatError: the newest bundle that opens (or `resume_step`) is of a run-bundle format
+            this rlckpt does not read (a newer one): nothing is loaded, and no older bundle is tried.
         CorruptBundleError: a check after the data plane loaded the snapshot failed.
     """
     started = time.perf_counter()
@@ -125,27 +143,28 @@ async def restore_run(
         logger.info("no committed bundle at %s: starting fresh", store.url)
         return None
     with staging_dir(staging_root, prefix="rlckpt-restore-") as staging:
-        bundle, pieces, replay_state, skipped = await _first_that_verifies(
-            store, candidates, staging, expected_rollout_order, resume_step
-        )
-        step = bundle.step
+        checked, skipped = await _first_that_verifies(store, candidates, staging, expected_rollout_order, resume_step)
+        step, pieces, run = checked.bundle.step, checked.pieces, checked.run
         phase.begin_restore(step)
         try:
-            await trainer.load_policy(PolicyLocation(store.url, dict(store.storage_options), step))  # 3
+            location = PolicyLocation(store.url, dict(store.storage_options), step, run.policy_path, run.policy_form)
+            await trainer.load_policy(location)  # 3
             loader_state = codec.loads(pieces.loader, origin=f"step {step}: {layout.LOADER_FILE}")
             metadata = await restore_snapshot(bootstrap, pieces.snapshot_dir)  # 3: TQ restored
-            if metadata.get(layout.META_INDEX_DIGEST) != replay_state["digest"]:
+            if metadata.get(layout.META_INDEX_DIGEST) != checked.saved_index_digest:
                 raise CorruptBundleError(
                     f"step {step}: the data plane loaded a snapshot for index "
-                    f"{metadata.get(layout.META_INDEX_DIGEST)}, the replay index is {replay_state['digest']}"
+                    f"{metadata.get(layout.META_INDEX_DIGEST)}, the replay index is {checked.saved_index_digest}"
                 )
         except BaseException:
             phase.fail()
             raise
         phase.finish_restore()
+    # An index read from an older format has a digest of its own: the controller checks it against this.
+    metadata = {**metadata, layout.META_INDEX_DIGEST: checked.index["digest"]}
     seconds = time.perf_counter() - started
-    logger.info("restored step %d (%d groups) in %.2fs", step, len(replay_state["groups"]), seconds)
-    return RestoredRun(step, bundle.manifest, loader_state, replay_state, metadata, seconds, skipped)
+    logger.info("restored step %d (%d groups) in %.2fs", step, len(checked.index["groups"]), seconds)
+    return RestoredRun(step, checked.bundle.manifest, loader_state, checked.index, metadata, seconds, skipped)
 
 
 async def _first_that_verifies(
@@ -154,17 +173,17 @@ async def _first_that_verifies(
     staging: Path,
     expected_rollout_order: str | None,
     resume_step: int | None,
-) -> tuple[Bundle, _FetchedPieces, dict[str, Any], list[SkippedBundle]]:
+) -> tuple[_CheckedBundle, list[SkippedBundle]]:
     """Steps 1-2 for each candidate, newest first, until one verifies; the newer ones are skipped."""
     if resume_step is not None:
-        return (*await _pinned(store, candidates, staging, expected_rollout_order, resume_step), [])
+        return await _pinned(store, candidates, staging, expected_rollout_order, resume_step), []
     skipped: list[SkippedBundle] = []
     for entry in reversed(candidates):
         try:
             if entry.state == "corrupt":
                 raise CorruptBundleError(entry.detail)
             bundle = await run_blocking(store.open, entry.step)
-            return (*await _fetch_and_check(bundle, staging, expected_rollout_order), skipped)
+            return await _fetch_and_check(bundle, staging, expected_rollout_order), skipped
         except CorruptBundleError as exc:
             logger.warning(
                 "SKIPPING step %d at %s: it does not verify (%s); trying an older bundle", entry.step, store.url, exc
@@ -200,7 +219,7 @@ def check_resume_step(store: BundleStore, step: int, entries: list[StoreEntry] |
 
 async def _pinned(
     store: BundleStore, candidates: list[StoreEntry], staging: Path, expected_rollout_order: str | None, step: int
-) -> tuple[Bundle, _FetchedPieces, dict[str, Any]]:
+) -> _CheckedBundle:
     """`resume_step`: that step or an error, never another one; and no newer bundle it would collide with."""
     bundle = await run_blocking(check_resume_step, store, step, candidates)
     try:
@@ -213,13 +232,14 @@ def _does_not_verify(store: BundleStore, step: int, cause: Exception) -> Checkpo
     return CheckpointError(f"cannot resume step {step} at {store.url}: it does not verify ({cause})")
 
 
-async def _fetch_and_check(
-    bundle: Bundle, staging: Path, expected_rollout_order: str | None
-) -> tuple[Bundle, _FetchedPieces, dict[str, Any]]:
-    """Fetch every piece of an opened bundle digest-checked and check the pairing; nothing is loaded yet."""
+async def _fetch_and_check(bundle: Bundle, staging: Path, expected_rollout_order: str | None) -> _CheckedBundle:
+    """Fetch every piece of an opened bundle digest-checked, read its run-bundle record and check the
+    pairing; nothing is loaded yet."""
     logger.info("restoring step %d from %s", bundle.step, bundle.url)
+    run = read_run_bundle(bundle.step, bundle.manifest.metadata)  # 2: before any byte is fetched
     pieces = await run_blocking(_fetch_verified, bundle, staging / f"step_{bundle.step}")  # 2
-    return bundle, pieces, _check_pairing(bundle.manifest, pieces, expected_rollout_order)  # 2
+    saved_index = _check_pairing(bundle.manifest, run, pieces, expected_rollout_order)  # 2
+    return _CheckedBundle(bundle, pieces, run, _current_index(bundle.step, saved_index), saved_index["digest"])
 
 
 def _fetch_verified(bundle: Bundle, staging: Path) -> _FetchedPieces:
@@ -236,20 +256,20 @@ def _fetch_verified(bundle: Bundle, staging: Path) -> _FetchedPieces:
     )
 
 
-def _check_pairing(manifest: Manifest, pieces: _FetchedPieces, expected_rollout_order: str | None) -> dict[str, Any]:
-    """Refuse a bundle of another run-bundle format, of another rollout order, or whose replay
-    index and data-plane snapshot come from different saves."""
+def _check_pairing(
+    manifest: Manifest, run: RunBundle, pieces: _FetchedPieces, expected_rollout_order: str | None
+) -> dict[str, Any]:
+    """The replay index as saved; refuses a bundle of another rollout order, or whose replay index and
+    data-plane snapshot come from different saves."""
     step = manifest.step
-    meta = manifest.metadata
-    _check_run_bundle_format(step, meta.get(layout.META_FORMAT))
-    manifest_digest = meta.get(layout.META_INDEX_DIGEST)
+    manifest_digest = manifest.metadata.get(layout.META_INDEX_DIGEST)
     try:
         snapshot_meta = read_snapshot_metadata(pieces.snapshot_dir)
     except DataPlaneError as exc:
         raise CorruptBundleError(f"step {step}: {layout.DATA_PLANE_METADATA} is unreadable: {exc}") from exc
     snapshot_digest = snapshot_meta.get(layout.META_INDEX_DIGEST)
     replay_state = codec.loads(pieces.replay, origin=f"step {step}: {layout.REPLAY_FILE}")
-    if not isinstance(replay_state, dict) or "groups" not in replay_state:
+    if not isinstance(replay_state, dict) or not isinstance(replay_state.get("groups"), list):
         raise CorruptBundleError(f"step {step}: {layout.REPLAY_FILE} is not a replay index")
     replay_digest = groups_digest(replay_state["groups"])
     if not (manifest_digest == snapshot_digest == replay_digest == replay_state.get("digest")):
@@ -258,25 +278,18 @@ def _check_pairing(manifest: Manifest, pieces: _FetchedPieces, expected_rollout_
             f"manifest names index {manifest_digest}, {layout.DATA_PLANE_METADATA} names {snapshot_digest}, "
             f"{layout.REPLAY_FILE} holds {replay_digest}; refusing to load anything"
         )
-    saved_order = meta.get(layout.META_ROLLOUT_ORDER)
-    if expected_rollout_order is not None and saved_order != expected_rollout_order:
+    if expected_rollout_order is not None and run.rollout_order != expected_rollout_order:
         raise CheckpointError(
-            f"step {step}: bundle was saved with rollout order {saved_order!r}, this run asks for "
-            f"{expected_rollout_order!r}; resume with --mode {saved_order}"
+            f"step {step}: bundle was saved with rollout order {run.rollout_order!r}, this run asks for "
+            f"{expected_rollout_order!r}; resume with --mode {run.rollout_order}"
         )
     return replay_state
 
 
-def _check_run_bundle_format(step: int, found: Any) -> None:
-    """CheckpointError naming both formats unless the manifest metadata is of RUN_BUNDLE_FORMAT."""
-    if found == layout.RUN_BUNDLE_FORMAT:
-        return
-    if isinstance(found, int) and 0 < found < layout.RUN_BUNDLE_FORMAT:
-        what = "names the rollout order 'mode'" if found == 1 else "holds the policy as one file, policy/state.pt"
-        why = f"an older rlckpt wrote it (format {found} {what}); resume it with that version, or start a new run dir"
-    else:
-        why = "not a bundle written by `rlckpt train`?"
-    raise CheckpointError(
-        f"step {step}: manifest metadata has run-bundle format {found!r}, this rlckpt reads format "
-        f"{layout.RUN_BUNDLE_FORMAT} ({why})"
-    )
+def _current_index(step: int, saved: dict[str, Any]) -> dict[str, Any]:
+    """The saved replay index in today's format (an older one read by ``upgrade_index``; the commits of
+    `rlckpt train` that saved a format-1 index wrote ``INDEX_1_COMMIT_FIELDS``)."""
+    try:
+        return upgrade_index(saved, commit_fields=INDEX_1_COMMIT_FIELDS, where=f"step {step}: {layout.REPLAY_FILE}")
+    except ReplayStateError as exc:
+        raise CorruptBundleError(str(exc)) from exc

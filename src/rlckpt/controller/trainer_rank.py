@@ -26,12 +26,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from rlckpt.checkpoint import layout
+from rlckpt.checkpoint import codec, layout
 from rlckpt.checkpoint.restore import PolicyLocation
+from rlckpt.checkpoint.run_format import POLICY_WHOLE
 from rlckpt.errors import TrainerGroupError
 from rlckpt.grpo import GRPOConfig, TrainBatch, Trainer
 from rlckpt.grpo.trainer import checkpoint_failure
-from rlckpt.store import Receipt, TransactionHandle
+from rlckpt.store import BundleStore, Receipt, TransactionHandle
 
 logger = logging.getLogger(__name__)
 
@@ -184,18 +185,30 @@ class TrainerRank:
     # --- restoring -------------------------------------------------------------------------------
 
     def load_policy(self, location: PolicyLocation) -> int:
-        """Load this rank's shards of a committed bundle's policy (DCP reshards from any world size)."""
-        from rlckpt.dcp import BundleStorageReader
-        from rlckpt.store import BundleStore
-
+        """Load this rank's shards of a committed bundle's policy: a DCP checkpoint (DCP reshards from any
+        world size), or a whole policy in one file (run formats 1-2), which every rank reads whole and
+        keeps its shard of. Returns the loaded weight version."""
         store = BundleStore(location.url, location.storage_options)
-        origin = f"step {location.step} at {location.url} ({location.prefix}/)"
+        origin = f"step {location.step} at {location.url} ({location.prefix})"
         try:
-            reader = BundleStorageReader(store, step=location.step, prefix=location.prefix)
-            self.trainer.load_checkpoint(reader, process_group=self._checkpoint_group, origin=origin)
+            if location.form == POLICY_WHOLE:
+                self._load_whole_policy(store, location, origin)
+            else:
+                self._load_dcp_policy(store, location, origin)
         except Exception as exc:
             raise TrainerGroupError(f"trainer rank {self.rank}: loading the policy of {origin} failed: {exc}") from exc
         return self.trainer.weight_version
+
+    def _load_dcp_policy(self, store: BundleStore, location: PolicyLocation, origin: str) -> None:
+        from rlckpt.dcp import BundleStorageReader
+
+        reader = BundleStorageReader(store, step=location.step, prefix=location.prefix)
+        self.trainer.load_checkpoint(reader, process_group=self._checkpoint_group, origin=origin)
+
+    def _load_whole_policy(self, store: BundleStore, location: PolicyLocation, origin: str) -> None:
+        """The file's bytes, digest-checked by the store before ``torch.load(weights_only=True)`` sees them."""
+        data = store.open(location.step).read_bytes(location.prefix)
+        self.trainer.load_state_dict(codec.loads(data, origin=origin), origin=origin)
 
 
 def _abort_quietly(writer: Any) -> None:

@@ -198,7 +198,7 @@ class Trainer:
             changed = sorted(k for k in mine if saved.get(k) != mine[k])
             log.warning("trainer state %s was saved with different settings %s; resume is not exact", origin, changed)
 
-    # --- one-file state (world size 1 only) -----------------------------------------------------
+    # --- one-file state: the whole (unsharded) trainer state ------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """Weights + optimizer + version + config: only tensors and plain Python values (unsharded only)."""
@@ -224,15 +224,40 @@ class Trainer:
         self.load_state_dict(state, origin=_describe(source))
 
     def load_state_dict(self, state: Mapping[str, Any], origin: str = "<dict>") -> None:
-        """Restore weights, optimizer and version; refuses another format or policy shape (unsharded only)."""
-        self._require_unsharded("load_state_dict")
+        """Restore weights, optimizer and version from a whole state (``state_dict``'s), at any world size:
+        sharded, every rank passes the whole state (a collective) and keeps its shard of each tensor.
+        Refuses another format or policy shape."""
         self._check_record(state, origin)
         try:
-            self.model.load_state_dict(state["model"], strict=True)
-            self.optimizer.load_state_dict(state["optimizer"])
-        except (KeyError, RuntimeError, ValueError) as exc:
+            if self.parallel is None:
+                self.model.load_state_dict(state["model"], strict=True)
+                self.optimizer.load_state_dict(state["optimizer"])
+            else:
+                self._load_whole_into_shards(state["model"], state["optimizer"])
+        except (KeyError, IndexError, RuntimeError, ValueError) as exc:
             raise TrainerStateError(f"trainer state {origin} does not fit this trainer: {exc}") from exc
         self.weight_version = int(state["weight_version"])
+
+    def _load_whole_into_shards(self, model_state: Mapping[str, Any], optim_state: Mapping[str, Any]) -> None:
+        """Full tensors in, this rank's shards kept (torch's ``set_state_dict`` with ``full_state_dict``).
+        The optimizer's state names its parameters by their place in ``parameters()``; torch wants names."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        names = [name for name, _ in self.model.named_parameters()]
+        groups = optim_state["param_groups"]
+        if sorted(i for group in groups for i in group["params"]) != list(range(len(names))):
+            raise ValueError(f"the optimizer state covers parameters {[g['params'] for g in groups]}, not {len(names)}")
+        by_name: dict[str, Any] = {
+            "state": {names[int(i)]: value for i, value in optim_state["state"].items()},
+            "param_groups": [{**group, "params": [names[i] for i in group["params"]]} for group in groups],
+        }
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=dict(model_state),
+            optim_state_dict=by_name,
+            options=StateDictOptions(full_state_dict=True),
+        )
 
     def _require_unsharded(self, what: str) -> None:
         if self.parallel is not None:

@@ -1,0 +1,102 @@
+"""The run-bundle record — the manifest metadata `rlckpt train` writes — read in every format this rlckpt
+resumes, into one ``RunBundle``. Restore asks it, never the raw keys, what a bundle holds; the old
+formats' key names and layouts are known here and nowhere else.
+
+Formats (all written by rlckpt 0.1.0; ``RUN_BUNDLE_FORMAT`` is the one written today):
+
+- 1, commits 154794b..ec2a90b: the rollout order under ``mode``, the upload timing under ``save_mode``;
+  the policy as one file, ``policy/state.pt``
+- 2, commits d74e0d4..95cbc60: ``rollout_order`` and ``upload_timing``; the policy still one file
+- 3, from 3b34031: ``policy/`` is a DCP checkpoint written by the trainer ranks; ``trainer_ranks``
+
+A one-file policy holds the trainer's whole state (``Trainer.state_dict``); the trainer ranks load it
+as the full state and each keeps its shard, at any rank count. A format newer than this rlckpt knows
+is refused: resuming an older bundle instead would save over the newer one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import rlckpt
+from rlckpt.checkpoint import layout
+from rlckpt.errors import BundleFormatError
+
+PolicyForm = Literal["dcp", "whole"]
+POLICY_DCP: PolicyForm = "dcp"  # a DCP checkpoint directory, one participant per trainer rank
+POLICY_WHOLE: PolicyForm = "whole"  # the trainer's whole (unsharded) state in one torch.save file
+
+# The columns every rollout row `rlckpt train` committed had while its replay index was of format 1
+# (run format 1 and format 2 before the pinned save, 4c913fc); that index did not record them.
+INDEX_1_COMMIT_FIELDS = (
+    "completion", "draw_seq", "logprobs", "prompt", "prompt_id", "reward", "sample_index", "weight_version",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RunBundle:
+    """What a run bundle's manifest metadata says, whatever format wrote it."""
+
+    format: int
+    rollout_order: str | None  # the run's "in_order" / "async" (None: not recorded)
+    upload_timing: str | None  # the save's "staged" / "inline" / "pinned" (recorded, never checked)
+    policy_path: str  # where the policy is inside the bundle
+    policy_form: PolicyForm
+    trainer_ranks: int | None = None  # how many ranks wrote a DCP policy (None: one process, or not recorded)
+
+
+def _format_1(meta: Mapping[str, Any]) -> RunBundle:
+    """Format 1 named the rollout order ``mode`` and the upload timing ``save_mode``."""
+    return RunBundle(1, _text(meta, "mode"), _text(meta, "save_mode"), layout.POLICY_FILE, POLICY_WHOLE)
+
+
+def _format_2(meta: Mapping[str, Any]) -> RunBundle:
+    """Format 2: today's key names, the policy still one file."""
+    order, timing = _text(meta, layout.META_ROLLOUT_ORDER), _text(meta, layout.META_UPLOAD_TIMING)
+    return RunBundle(2, order, timing, layout.POLICY_FILE, POLICY_WHOLE)
+
+
+def _format_3(meta: Mapping[str, Any]) -> RunBundle:
+    """Format 3: the policy is the trainer ranks' DCP checkpoint."""
+    ranks = meta.get(layout.META_TRAINER_RANKS)
+    return RunBundle(
+        3,
+        _text(meta, layout.META_ROLLOUT_ORDER),
+        _text(meta, layout.META_UPLOAD_TIMING),
+        layout.POLICY_DIR,
+        POLICY_DCP,
+        ranks if isinstance(ranks, int) and not isinstance(ranks, bool) else None,
+    )
+
+
+READERS: dict[int, Callable[[Mapping[str, Any]], RunBundle]] = {1: _format_1, 2: _format_2, 3: _format_3}
+
+
+def read_run_bundle(step: int, meta: Mapping[str, Any]) -> RunBundle:
+    """The run-bundle record of a manifest's metadata, in whichever format wrote it.
+
+    Raises:
+        BundleFormatError: one line naming the format, who wrote it and what to do: a format newer than
+            this rlckpt reads, or no run-bundle format at all (not a bundle of `rlckpt train`).
+    """
+    found = meta.get(layout.META_FORMAT)
+    number = found if isinstance(found, int) and not isinstance(found, bool) else None
+    if number in READERS:
+        return READERS[number](meta)
+    readable = f"formats {min(READERS)}-{max(READERS)}"
+    if number is not None and number > max(READERS):
+        raise BundleFormatError(
+            f"step {step}: run-bundle format {found} was written by a newer rlckpt than this one "
+            f"({rlckpt.__version__}, which reads {readable}); resume it with that newer rlckpt"
+        )
+    raise BundleFormatError(
+        f"step {step}: manifest metadata has run-bundle format {found!r}, this rlckpt ({rlckpt.__version__}) "
+        f"reads {readable}; not a bundle written by `rlckpt train`?"
+    )
+
+
+def _text(meta: Mapping[str, Any], key: str) -> str | None:
+    value = meta.get(key)
+    return value if isinstance(value, str) else None
