@@ -179,13 +179,8 @@ def _non_negative(text: str) -> int:
 
 
 def _resources_arg(text: str) -> dict[str, float]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, (int, float)) and v >= 0 for k, v in value.items()
-    ):
+    value = _common.json_object_arg(text)
+    if not all(isinstance(k, str) and isinstance(v, (int, float)) and v >= 0 for k, v in value.items()):
         raise argparse.ArgumentTypeError(f"must be a JSON object of resource name -> amount >= 0, got {text!r}")
     return {k: float(v) for k, v in value.items()}
 
