@@ -77,6 +77,24 @@ def test_storage_options_nested_within_the_limit_still_parse(cli, tmp_path):
     assert "nested" not in result.err
 
 
+@pytest.mark.parametrize(
+    ("resources", "cause"),
+    [
+        ('{"x": Infinity}', "Infinity is not a JSON number"),
+        ('{"x": NaN}', "NaN is not a JSON number"),
+        ('{"CPU": 1}', "'CPU' is Ray's own resource"),
+        ('{"memory": 1}', "'memory' is Ray's own resource"),
+        ('{"x": -1}', "'x': -1 is not an amount"),
+        ('{"x": true}', "'x': True is not an amount"),
+        ('{"x": 1e-9}', "finer than Ray counts"),
+    ],
+)
+def test_trainer_resources_ray_would_refuse_are_refused_before_ray_starts(cli, tmp_path, no_cluster, resources, cause):
+    result = _train(cli, tmp_path, "--trainer-resources", resources)
+    assert result.code == 64
+    assert "--trainer-resources" in _one_line(result) and cause in result.err
+
+
 # --- the Ray address ------------------------------------------------------------------------------
 
 

@@ -210,10 +210,14 @@ def _positive_seconds(text: str) -> float:
 
 
 def _resources_arg(text: str) -> dict[str, float]:
-    value = _common.json_object_arg(text)
-    if not all(isinstance(k, str) and isinstance(v, (int, float)) and v >= 0 for k, v in value.items()):
-        raise argparse.ArgumentTypeError(f"must be a JSON object of resource name -> amount >= 0, got {text!r}")
-    return {k: float(v) for k, v in value.items()}
+    """--trainer-resources: a JSON object of Ray custom resource -> amount, checked as Ray would at once."""
+    from rlckpt.controller.capacity import check_rank_resources
+    from rlckpt.errors import ClusterConfigError
+
+    try:
+        return check_rank_resources(_common.json_object_arg(text))
+    except ClusterConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _ray_address_arg(text: str) -> str:
