@@ -15,6 +15,7 @@ import pytest
 
 from rlckpt.dataplane import ray_cluster
 from rlckpt.errors import ClusterUnavailableError
+from rlckpt.store import BundleStore
 from rlckpt.testing.moto import free_port
 
 DEEP_JSON = '{"a": ' * 1000 + "1" + "}" * 1000
@@ -169,3 +170,25 @@ def test_joining_a_cluster_that_fails_leaves_no_temp_dir(cli, tmp_path, monkeypa
     result = _train(cli, tmp_path, "--ray-address", "127.0.0.1:6379")
     assert result.code == 3 and "the test's Ray did not start" in _one_line(result)
     assert [d for d in made_dirs if os.path.exists(d)] == []
+
+
+# --- --resume-step of a bundle that is not a run bundle ------------------------------------------------
+
+
+def test_resume_step_of_a_bundle_another_program_committed_is_refused_before_ray_starts(cli, run, no_cluster):
+    run.commit(2)  # a bundle, but not one `rlckpt train` wrote
+    result = cli("train", "--run-dir", run.url, *run.options_args(), "--steps", "4", "--resume-step", "2")
+    assert result.code == 3
+    assert "step 2" in _one_line(result) and "is not a run bundle" in result.err
+
+
+def test_resume_step_of_a_run_bundle_missing_a_piece_is_refused_naming_it(cli, run, no_cluster):
+    from rlckpt.checkpoint import layout
+
+    with BundleStore(run.url, run.storage_options).begin(2) as tx:
+        for rel in (layout.POLICY_METADATA, layout.REPLAY_FILE, layout.DATA_PLANE_METADATA):  # no loader
+            tx.write_bytes(rel, b"x")
+        tx.commit({layout.META_FORMAT: layout.RUN_BUNDLE_FORMAT})
+    result = cli("train", "--run-dir", run.url, *run.options_args(), "--steps", "4", "--resume-step", "2")
+    assert result.code == 3
+    assert "cannot resume step 2" in _one_line(result) and layout.LOADER_FILE in result.err

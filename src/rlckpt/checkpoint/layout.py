@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 POLICY_DIR = "policy"  # the trainer ranks' DCP checkpoint: .metadata + per-rank shard files (participants rank<i>)
+POLICY_METADATA = f"{POLICY_DIR}/.metadata"  # DCP's metadata of that checkpoint
 POLICY_FILE = "policy/state.pt"  # a policy staged as one blob (StagedBytes: the benchmarks' stand-in trainer)
 LOADER_FILE = "train_dataloader.pt"  # dataloader position + prompts drawn but not yet committed
 REPLAY_FILE = "replay_buffer_metadata.pt"  # the replay index (no tensors)
@@ -20,3 +21,5 @@ META_TRAINER_RANKS = "trainer_ranks"  # how many ranks saved policy/ (recorded; 
 # 2: the rollout order and the upload timing are recorded under the keys above (1 said "mode" and
 # "save_mode"); restore refuses any other format.
 RUN_BUNDLE_FORMAT = 3
+# What a restore of RUN_BUNDLE_FORMAT reads, besides the policy's shard files and the data plane's rows.
+RUN_BUNDLE_PIECES = (POLICY_METADATA, LOADER_FILE, REPLAY_FILE, DATA_PLANE_METADATA)

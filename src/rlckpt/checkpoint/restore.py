@@ -183,7 +183,7 @@ def check_resume_step(store: BundleStore, step: int, entries: list[StoreEntry] |
     when it is fetched. `rlckpt train` runs this before Ray starts, so a wrong step fails in a second.
 
     Raises:
-        CheckpointError: naming the step, the store and why.
+        CheckpointError: naming the step, the store and why (also: not a run bundle of this format).
     """
     entries = store.entries() if entries is None else entries
     newer = [e.step for e in entries if e.step > step and e.state == "committed"]
@@ -193,9 +193,27 @@ def check_resume_step(store: BundleStore, step: int, entries: list[StoreEntry] |
             "would save over their steps; move them aside or resume in a new run dir"
         )
     try:
-        return store.open(step)
+        bundle = store.open(step)
+        check_run_bundle(bundle)
     except (CorruptBundleError, UncommittedBundleError) as exc:
         raise _does_not_verify(store, step, exc) from exc
+    return bundle
+
+
+def check_run_bundle(bundle: Bundle) -> None:
+    """What the manifest alone tells: a run bundle of RUN_BUNDLE_FORMAT that lists every piece a restore
+    reads. Checked before anything is fetched, so a bundle another tool committed is refused by name.
+
+    Raises:
+        CheckpointError: the manifest names another format (or none: not written by `rlckpt train`).
+        CorruptBundleError: a run bundle of this format without one of its pieces.
+    """
+    _check_run_bundle_format(bundle, bundle.manifest.metadata.get(layout.META_FORMAT))
+    missing = [rel for rel in layout.RUN_BUNDLE_PIECES if rel not in bundle.manifest.files]
+    if missing:
+        raise CorruptBundleError(
+            f"step {bundle.step} at {bundle.url}: a run bundle of format {layout.RUN_BUNDLE_FORMAT} without {missing}"
+        )
 
 
 async def _pinned(
@@ -218,6 +236,7 @@ async def _fetch_and_check(
 ) -> tuple[Bundle, _FetchedPieces, dict[str, Any]]:
     """Fetch every piece of an opened bundle digest-checked and check the pairing; nothing is loaded yet."""
     logger.info("restoring step %d from %s", bundle.step, bundle.url)
+    check_run_bundle(bundle)
     pieces = await run_blocking(_fetch_verified, bundle, staging / f"step_{bundle.step}")  # 2
     return bundle, pieces, _check_pairing(bundle.manifest, pieces, expected_rollout_order)  # 2
 
@@ -237,11 +256,10 @@ def _fetch_verified(bundle: Bundle, staging: Path) -> _FetchedPieces:
 
 
 def _check_pairing(manifest: Manifest, pieces: _FetchedPieces, expected_rollout_order: str | None) -> dict[str, Any]:
-    """Refuse a bundle of another run-bundle format, of another rollout order, or whose replay
-    index and data-plane snapshot come from different saves."""
+    """Refuse a bundle of another rollout order, or whose replay index and data-plane snapshot come from
+    different saves (its format was checked before it was fetched: check_run_bundle)."""
     step = manifest.step
     meta = manifest.metadata
-    _check_run_bundle_format(step, meta.get(layout.META_FORMAT))
     manifest_digest = meta.get(layout.META_INDEX_DIGEST)
     try:
         snapshot_meta = read_snapshot_metadata(pieces.snapshot_dir)
@@ -267,16 +285,22 @@ def _check_pairing(manifest: Manifest, pieces: _FetchedPieces, expected_rollout_
     return replay_state
 
 
-def _check_run_bundle_format(step: int, found: Any) -> None:
+def _check_run_bundle_format(bundle: Bundle, found: Any) -> None:
     """CheckpointError naming both formats unless the manifest metadata is of RUN_BUNDLE_FORMAT."""
     if found == layout.RUN_BUNDLE_FORMAT:
         return
+    where = f"step {bundle.step} at {bundle.url}"
+    if found is None:
+        raise CheckpointError(
+            f"{where} is not a run bundle: its manifest names no run-bundle format (`rlckpt train` writes format "
+            f"{layout.RUN_BUNDLE_FORMAT} under {layout.META_FORMAT!r}); another program committed it"
+        )
     if isinstance(found, int) and 0 < found < layout.RUN_BUNDLE_FORMAT:
         what = "names the rollout order 'mode'" if found == 1 else "holds the policy as one file, policy/state.pt"
         why = f"an older rlckpt wrote it (format {found} {what}); resume it with that version, or start a new run dir"
     else:
         why = "not a bundle written by `rlckpt train`?"
     raise CheckpointError(
-        f"step {step}: manifest metadata has run-bundle format {found!r}, this rlckpt reads format "
+        f"{where}: manifest metadata has run-bundle format {found!r}, this rlckpt reads format "
         f"{layout.RUN_BUNDLE_FORMAT} ({why})"
     )
