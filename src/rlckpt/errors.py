@@ -100,6 +100,24 @@ class RestoreRefusedError(DataPlaneError):
     """A data-plane restore was refused: the data plane was already touched, or a load failed."""
 
 
+# --- Ray cluster ---------------------------------------------------------------------------------
+
+
+class ClusterError(RlckptError):
+    """The Ray cluster a run starts or joins cannot run it."""
+
+
+class ClusterUnavailableError(ClusterError):
+    """No Ray cluster answers at the address given (nothing listens there, or no answer within the connect
+    timeout), or joining it failed. A retry may help once the cluster is up."""
+
+
+class ClusterConfigError(ClusterError, ValueError):
+    """The cluster cannot hold what the run asks for, or the address cannot name one: a malformed address, a
+    resource no node offers, more trainer ranks than its nodes hold. The command line (or the cluster) must
+    change; retrying does not help."""
+
+
 # --- replay buffer -------------------------------------------------------------------------------
 
 

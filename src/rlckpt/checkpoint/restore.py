@@ -202,7 +202,7 @@ def check_resume_step(store: BundleStore, step: int, entries: list[StoreEntry] |
     when it is fetched. `rlckpt train` runs this before Ray starts, so a wrong step fails in a second.
 
     Raises:
-        CheckpointError: naming the step, the store and why.
+        CheckpointError: naming the step, the store and why (also: not a run bundle this rlckpt reads).
     """
     entries = store.entries() if entries is None else entries
     newer = [e.step for e in entries if e.step > step and e.state == "committed"]
@@ -212,9 +212,29 @@ def check_resume_step(store: BundleStore, step: int, entries: list[StoreEntry] |
             "would save over their steps; move them aside or resume in a new run dir"
         )
     try:
-        return store.open(step)
+        bundle = store.open(step)
+        check_run_bundle(bundle)
     except (CorruptBundleError, UncommittedBundleError) as exc:
         raise _does_not_verify(store, step, exc) from exc
+    return bundle
+
+
+def check_run_bundle(bundle: Bundle) -> RunBundle:
+    """What the manifest alone tells: the run-bundle record, in a format this rlckpt reads, and every
+    piece a restore of that format reads listed. Checked before anything is fetched, so a bundle another
+    tool committed is refused by name.
+
+    Raises:
+        BundleFormatError: a format this rlckpt does not read (or none: not written by `rlckpt train`).
+        CorruptBundleError: a run bundle without one of its pieces.
+    """
+    run = read_run_bundle(bundle.step, bundle.manifest.metadata)
+    missing = [rel for rel in run.pieces if rel not in bundle.manifest.files]
+    if missing:
+        raise CorruptBundleError(
+            f"step {bundle.step} at {bundle.url}: a run bundle of format {run.format} without {missing}"
+        )
+    return run
 
 
 async def _pinned(
@@ -236,7 +256,7 @@ async def _fetch_and_check(bundle: Bundle, staging: Path, expected_rollout_order
     """Fetch every piece of an opened bundle digest-checked, read its run-bundle record and check the
     pairing; nothing is loaded yet."""
     logger.info("restoring step %d from %s", bundle.step, bundle.url)
-    run = read_run_bundle(bundle.step, bundle.manifest.metadata)  # 2: before any byte is fetched
+    run = check_run_bundle(bundle)  # 2: before any byte is fetched
     pieces = await run_blocking(_fetch_verified, bundle, staging / f"step_{bundle.step}")  # 2
     saved_index = _check_pairing(bundle.manifest, run, pieces, expected_rollout_order)  # 2
     return _CheckedBundle(bundle, pieces, run, _current_index(bundle.step, saved_index), saved_index["digest"])

@@ -46,6 +46,12 @@ class RunBundle:
     policy_form: PolicyForm
     trainer_ranks: int | None = None  # how many ranks wrote a DCP policy (None: one process, or not recorded)
 
+    @property
+    def pieces(self) -> tuple[str, ...]:
+        """The files a restore reads by name (the policy's shard files and the data plane's rows aside)."""
+        policy = f"{self.policy_path}/.metadata" if self.policy_form == POLICY_DCP else self.policy_path
+        return (policy, *layout.RUN_BUNDLE_COMMON_PIECES)
+
 
 def _format_1(meta: Mapping[str, Any]) -> RunBundle:
     """Format 1 named the rollout order ``mode`` and the upload timing ``save_mode``."""
@@ -90,6 +96,11 @@ def read_run_bundle(step: int, meta: Mapping[str, Any]) -> RunBundle:
         raise BundleFormatError(
             f"step {step}: run-bundle format {found} was written by a newer rlckpt than this one "
             f"({rlckpt.__version__}, which reads {readable}); resume it with that newer rlckpt"
+        )
+    if found is None:
+        raise BundleFormatError(
+            f"step {step} is not a run bundle: its manifest names no run-bundle format under {layout.META_FORMAT!r}; "
+            "not a bundle written by `rlckpt train`"
         )
     raise BundleFormatError(
         f"step {step}: manifest metadata has run-bundle format {found!r}, this rlckpt ({rlckpt.__version__}) "

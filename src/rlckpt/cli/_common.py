@@ -20,6 +20,12 @@ EXIT_ERROR = 3
 EXIT_USAGE = 64  # sysexits EX_USAGE: argparse's usual 2 would collide with verify's "uncommitted"
 EXIT_INTERRUPTED = 130
 
+# How deep a JSON argument may nest. fsspec's options go three levels deep (config_kwargs.retries.mode);
+# a limit of our own refuses a 1 000-deep one with a reason, not with Python's RecursionError.
+MAX_JSON_DEPTH = 32
+# How much of a refused JSON argument an error quotes.
+_SHOWN_CHARS = 80
+
 
 def printable(text: object) -> str:
     """`text` with every non-printable character escaped as Python writes it (`\\n`, `\\r`, `\\t`,
@@ -47,22 +53,50 @@ class _PrintableFormatter(logging.Formatter):
 
 
 class UsageExitParser(argparse.ArgumentParser):
-    """ArgumentParser whose command-line errors exit with EXIT_USAGE instead of 2."""
+    """ArgumentParser whose command-line errors are one line on stderr (which flag, what is wrong) and exit
+    with EXIT_USAGE instead of 2; `--help` shows the usage argparse would print above it."""
 
     def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {printable(message)} (see {self.prog} --help)\n")
+
+
+def json_object_arg(text: str) -> dict[str, Any]:
+    """A command-line JSON object: strict JSON (no NaN or Infinity), nested at most MAX_JSON_DEPTH levels.
+    argparse.ArgumentTypeError naming what is wrong (argparse adds the flag)."""
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a JSON number")
+
+    shown = repr(text) if len(text) <= _SHOWN_CHARS else repr(text[:_SHOWN_CHARS]) + "…"
+    try:
+        value = json.loads(text, parse_constant=no_constant)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc.msg} at column {exc.colno}): {shown}") from None
+    except RecursionError:  # json's decoder recurses per level: deeper than the interpreter's stack
+        raise argparse.ArgumentTypeError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {shown}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {type(value).__name__}: {shown}")
+    if _json_depth(value) > MAX_JSON_DEPTH:
+        raise argparse.ArgumentTypeError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    return value
+
+
+def _json_depth(value: Any) -> int:
+    """Levels of objects and arrays in a parsed JSON value (a loop, so a deep value cannot overflow the stack)."""
+    depth, level = 0, [value]
+    while level:
+        containers = [v for v in level if isinstance(v, (dict, list))]
+        if containers:
+            depth += 1
+        level = [child for v in containers for child in (v.values() if isinstance(v, dict) else v)]
+    return depth
 
 
 def storage_options_arg(text: str) -> dict[str, Any]:
     """argparse type for --storage-options: a JSON object, e.g. '{"endpoint_url": "http://..."}'."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({exc.msg} at column {exc.colno}): {text!r}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"must be a JSON object, got {type(value).__name__}: {text!r}")
-    return value
+    return json_object_arg(text)
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:

@@ -15,7 +15,13 @@ import sys
 from collections.abc import Sequence
 
 from rlckpt.cli import _common
-from rlckpt.errors import CorruptBundleError, RlckptError, StoreConfigError, UncommittedBundleError
+from rlckpt.errors import (
+    ClusterConfigError,
+    CorruptBundleError,
+    RlckptError,
+    StoreConfigError,
+    UncommittedBundleError,
+)
 
 # One line per subcommand, in the order `rlckpt --help` lists them.
 SUBCOMMANDS: tuple[str, ...] = (
@@ -34,8 +40,10 @@ examples:
   rlckpt gc /data/run1 --keep-last 3 --dry-run
 
 exit codes: 0 ok, 1 corrupt bundle, 2 uncommitted or missing bundle, 3 other error (store
-unreachable or forbidden, bucket missing), 64 bad command line or store configuration (empty or
-malformed URL, unknown protocol, endpoint not an http(s) URL, unknown storage option), 130 interrupted.
+unreachable or forbidden, bucket missing, no Ray cluster at --ray-address), 64 bad command line or
+store configuration (empty or malformed URL, unknown protocol, endpoint not an http(s) URL, unknown
+storage option) or a Ray cluster that cannot hold the run (too many --trainer-ranks, a
+--trainer-resources resource no node offers), 130 interrupted.
 Run `rlckpt COMMAND --help` for the options of one command.
 """
 
@@ -74,7 +82,7 @@ def exit_code_for(exc: BaseException) -> int:
         return _common.EXIT_CORRUPT
     if isinstance(exc, UncommittedBundleError):
         return _common.EXIT_MISSING
-    if isinstance(exc, StoreConfigError):  # the URL or --storage-options must change: like a usage error
+    if isinstance(exc, (StoreConfigError, ClusterConfigError)):  # the command line must change: a usage error
         return _common.EXIT_USAGE
     return _common.EXIT_ERROR
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import signal
 import sys
@@ -16,6 +17,10 @@ from rlckpt.cli import _common
 if TYPE_CHECKING:
     from rlckpt.checkpoint.save import SaveHook
     from rlckpt.controller.trainer_rank import SavePlannerFactory
+
+# --ray-connect-timeout's default: the library's (rlckpt.dataplane.ray_cluster.DEFAULT_CONNECT_TIMEOUT_S),
+# which is not imported here because its package imports torch, and `rlckpt --help` stays fast.
+DEFAULT_RAY_CONNECT_TIMEOUT_S = 30.0
 
 EPILOG = """\
 examples:
@@ -149,9 +154,18 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--ray-address",
+        type=_ray_address_arg,
         default=None,
         metavar="ADDR",
         help="join this existing Ray cluster (host:port) instead of starting a private local one",
+    )
+    parser.add_argument(
+        "--ray-connect-timeout",
+        type=_positive_seconds,
+        default=DEFAULT_RAY_CONNECT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"with --ray-address: give up when no Ray cluster answers there within SECONDS "
+        f"(default {DEFAULT_RAY_CONNECT_TIMEOUT_S:g})",
     )
     parser.add_argument(
         "--compress",
@@ -164,30 +178,80 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
 def _positive(text: str) -> int:
-    value = int(text)
+    value = _integer(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
 
 
 def _non_negative(text: str) -> int:
-    value = int(text)
+    value = _integer(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
-def _resources_arg(text: str) -> dict[str, float]:
+def _positive_seconds(text: str) -> float:
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, (int, float)) and v >= 0 for k, v in value.items()
-    ):
-        raise argparse.ArgumentTypeError(f"must be a JSON object of resource name -> amount >= 0, got {text!r}")
-    return {k: float(v) for k, v in value.items()}
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _resources_arg(text: str) -> dict[str, float]:
+    """--trainer-resources: a JSON object of Ray custom resource -> amount, checked as Ray would at once."""
+    from rlckpt.controller.capacity import check_rank_resources
+    from rlckpt.errors import ClusterConfigError
+
+    try:
+        return check_rank_resources(_common.json_object_arg(text))
+    except ClusterConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _ray_address_arg(text: str) -> str:
+    """--ray-address: host:port, checked before anything connects."""
+    from rlckpt.errors import ClusterConfigError
+
+    try:
+        from rlckpt.dataplane.ray_cluster import split_address
+
+        split_address(text)
+    except ClusterConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _start_ray(args: argparse.Namespace) -> str | None:
+    """Join --ray-address (at most --ray-connect-timeout to find it) or start the private local cluster.
+    Returns the temp dir to remove at exit: the private cluster's, unless the user chose it with
+    --ray-temp-dir. A start that fails leaves no temp dir of ours behind."""
+    from rlckpt.dataplane.ray_cluster import connect_ray, start_local_ray, stop_local_ray
+
+    if args.ray_address:
+        connect_ray(args.ray_address, timeout_s=args.ray_connect_timeout, log_to_driver=args.verbose > 0)
+        return None
+    ours = args.ray_temp_dir is None
+    ray_dir = tempfile.mkdtemp(prefix="rlckpt-ray-", dir="/tmp") if ours else args.ray_temp_dir
+    try:
+        start_local_ray(ray_dir, log_to_driver=args.verbose > 0)
+    except BaseException:
+        stop_local_ray()  # whatever part of a cluster ray.init started before it failed
+        if ours:
+            shutil.rmtree(ray_dir, ignore_errors=True)
+        raise
+    return ray_dir if ours else None
 
 
 def _interrupt_on_sigterm() -> None:
@@ -208,7 +272,7 @@ def run(
 
     from rlckpt.controller.config import TrainConfig
     from rlckpt.controller.setup import check_start, setup_single_controller
-    from rlckpt.dataplane.ray_cluster import connect_ray, start_local_ray, stop_local_ray
+    from rlckpt.dataplane.ray_cluster import stop_local_ray
 
     config = TrainConfig(
         run_dir=args.run_dir,
@@ -229,11 +293,7 @@ def run(
         trainer_resources=args.trainer_resources,
     )
     check_start(config)  # a wrong --resume-step or --fresh fails here, before Ray and TQ take ≈20 s to start
-    ray_dir = args.ray_temp_dir or tempfile.mkdtemp(prefix="rlckpt-ray-", dir="/tmp")
-    if args.ray_address:
-        connect_ray(args.ray_address, log_to_driver=args.verbose > 0)
-    else:
-        start_local_ray(ray_dir, log_to_driver=args.verbose > 0)
+    ray_dir = _start_ray(args)
     _interrupt_on_sigterm()  # after ray.init, which installs a SIGTERM handler of its own
     controller = None
     try:
@@ -275,7 +335,7 @@ def run(
         if controller is not None:
             controller.shutdown()
         stop_local_ray()
-        if args.ray_temp_dir is None:  # ours: remove it; a user-given dir stays
+        if ray_dir is not None:  # ours: remove it; a user-given dir stays
             shutil.rmtree(ray_dir, ignore_errors=True)
     result = {
         **asdict(summary),

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlckpt.checkpoint.save import UploadTiming
+from rlckpt.controller.capacity import check_rank_resources
 from rlckpt.dataplane.tq_client import DEFAULT_TQ_CONFIG
 from rlckpt.grpo import GRPOConfig
 
@@ -63,6 +64,8 @@ class TrainConfig:
             raise ValueError(f"upload_timing must be 'pinned', 'staged' or 'inline', got {self.upload_timing!r}")
         if self.save_failure not in ("stop", "continue"):
             raise ValueError(f"save_failure must be 'stop' or 'continue', got {self.save_failure!r}")
+        if self.trainer_resources is not None:  # what Ray would refuse only once the ranks start
+            self.trainer_resources = check_rank_resources(self.trainer_resources)
 
     @property
     def max_ahead(self) -> int:

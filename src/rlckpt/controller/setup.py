@@ -23,6 +23,7 @@ from rlckpt.checkpoint.row_copy import start_ray_row_copier
 from rlckpt.checkpoint.save import SaveHook
 from rlckpt.controller.actor import SingleControllerActor
 from rlckpt.controller.args import ControllerArgs, RestoredIndex
+from rlckpt.controller.capacity import check_cluster
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.connect import connect_only_data_plane, replay_buffer_spec
 from rlckpt.controller.handles import GeneratorHandle
@@ -121,6 +122,7 @@ def setup_single_controller(
     loader = PromptLoader(task, config.grpo.prompts_per_step, seed=config.grpo.seed)
     phase = RestorePhase()
 
+    check_cluster(config.trainer_ranks, config.trainer_resources)  # in seconds, before any actor starts
     trainer_side = TrainerSide(  # trainer ranks + bootstrap client (starts TQ)
         config.grpo,
         config.tq_config,

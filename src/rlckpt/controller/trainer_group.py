@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from rlckpt.checkpoint.restore import PolicyLocation
+from rlckpt.controller.capacity import RANK_MEMORY_BYTES
 from rlckpt.controller.trainer_rank import GROUP_TIMEOUT_S, SavePlannerFactory, TrainerRank
 from rlckpt.errors import TrainerGroupError
 from rlckpt.grpo import GRPOConfig, TrainBatch
@@ -158,9 +159,10 @@ class TrainerGroup:
         save_planner: SavePlannerFactory | None = None,
         form: bool = True,
     ) -> None:
-        """Start the ranks (each with ``resources``, Ray custom resources, e.g. one per node) and, unless
-        ``form`` is False (the caller starts something else while the ranks boot, then calls
-        ``form()``), form the group; TrainerGroupError if a rank does not come up or join within ``timeout_s``."""
+        """Start the ranks (each asking Ray for RANK_MEMORY_BYTES of memory and ``resources``, Ray custom
+        resources, e.g. one per node) and, unless ``form`` is False (the caller starts something else while
+        the ranks boot, then calls ``form()``), form the group; TrainerGroupError if a rank does not come up
+        or join within ``timeout_s``."""
         import ray
 
         if ranks < 1:
@@ -169,7 +171,7 @@ class TrainerGroup:
         # of ray.remote for the (documented) concurrency_groups keyword, hence the untyped name.
         remote: Any = ray.remote
         actor_class = remote(concurrency_groups={"save": 1})(TrainerRank).options(
-            num_cpus=0, resources=dict(resources or {})
+            num_cpus=0, memory=RANK_MEMORY_BYTES, resources=dict(resources or {})
         )
         self.actors: list[Any] = [actor_class.remote(config, rank, ranks, save_planner) for rank in range(ranks)]
         self.handle = TrainerGroupHandle(tuple(self.actors), timeout_s)

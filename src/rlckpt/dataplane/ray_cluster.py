@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import logging
 import os
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from rlckpt.errors import ClusterConfigError, ClusterUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +34,12 @@ DEFAULT_NUM_CPUS = 4
 
 # Unix socket paths under the temp dir must stay below ~107 bytes.
 _MAX_TEMP_DIR_LEN = 60
+
+# How long joining a cluster may take to find out that no Ray answers at the address. ray.init alone
+# retries for many minutes there (20 tries of up to 40 s each, printing warnings, raising nothing).
+DEFAULT_CONNECT_TIMEOUT_S = 30.0
+# How much of a gRPC or Ray error a refusal quotes (its first line).
+_CAUSE_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -54,7 +63,7 @@ def start_local_ray(
     """
     temp_dir = Path(temp_dir).resolve()
     if len(str(temp_dir)) > _MAX_TEMP_DIR_LEN:
-        raise ValueError(
+        raise ClusterConfigError(
             f"start_local_ray: temp dir {temp_dir} is {len(str(temp_dir))} chars; Ray's unix sockets "
             f"need it under {_MAX_TEMP_DIR_LEN} (use e.g. tempfile.mkdtemp(dir='/tmp'))"
         )
@@ -75,21 +84,85 @@ def start_local_ray(
     return LocalRayCluster(temp_dir=temp_dir, address=str(context.address_info.get("gcs_address", "")))
 
 
-def connect_ray(address: str, *, log_to_driver: bool = False) -> None:
+def split_address(address: str) -> tuple[str, int]:
+    """``(host, port)`` of a Ray cluster's GCS address ``host:port`` (``[v6]:port`` for IPv6).
+
+    Raises:
+        ClusterConfigError: anything else (no port, a port out of range, a scheme such as ``ray://``).
+    """
+    try:
+        parts = urllib.parse.urlsplit(f"//{address}")
+        host, port = parts.hostname, parts.port  # .port raises ValueError for a port that is no port
+    except ValueError as exc:
+        raise ClusterConfigError(f"{address!r} is not a Ray address host:port ({exc})") from None
+    if not host or port is None or port == 0 or parts.path or parts.query or parts.fragment or "@" in address:
+        raise ClusterConfigError(f"{address!r} is not a Ray address host:port (the GCS address `ray start` prints)")
+    return host, port
+
+
+def connect_ray(address: str, *, timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S, log_to_driver: bool = False) -> None:
     """Join an existing Ray cluster at ``address`` (``rlckpt train --ray-address``) instead of starting
     one; ``stop_local_ray`` then only disconnects (the cluster is not ours to stop).
 
     The cluster's nodes need the environment above set when they were started (``ray start``), and
     TransferQueue's named controller makes it one run per cluster at a time.
+
+    Raises:
+        ClusterConfigError: ``address`` is not ``host:port``.
+        ClusterUnavailableError: no Ray cluster answers there within ``timeout_s`` (asked before
+            ``ray.init``, which alone would retry for minutes), or joining it failed.
     """
     import ray
 
     if ray.is_initialized():
         raise RuntimeError("connect_ray: this process is already connected to a Ray cluster")
+    host, _port = split_address(address)
     logger.info("joining the Ray cluster at %s", address)
-    host = address.rsplit(":", 1)[0]
+    _probe_gcs(address, timeout_s)
     node_ip = "127.0.0.1" if host in ("127.0.0.1", "localhost") else None  # a loopback cluster: stay on it
-    ray.init(address=address, include_dashboard=False, log_to_driver=log_to_driver, _node_ip_address=node_ip)
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=log_to_driver, _node_ip_address=node_ip)
+    except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError ... with pages of advice
+        raise ClusterUnavailableError(f"joining the Ray cluster at {address} failed: {_first_line(exc)}") from exc
+
+
+def _probe_gcs(address: str, timeout_s: float) -> None:
+    """ClusterUnavailableError unless the Ray GCS at ``address`` answers one request within ``timeout_s``.
+
+    A refused connection or an unknown host fails at once, an address that takes the connection and says
+    nothing after ``timeout_s``. The channel is Ray's own (its options, TLS when RAY_USE_TLS is set)."""
+    import grpc
+    from ray._private.gcs_utils import create_gcs_channel  # Ray's channel to its GCS; not a public API
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    messages: Any = gcs_service_pb2  # protobuf builds its classes at import: nothing for a type checker to see
+    channel = create_gcs_channel(address)
+    try:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        stub.GetClusterId(messages.GetClusterIdRequest(), timeout=timeout_s)
+    except grpc.RpcError as exc:
+        code = exc.code()  # a failed call is also a grpc.Call
+        if code == grpc.StatusCode.UNAUTHENTICATED:  # a GCS that wants a token: ray.init brings it
+            return
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise ClusterUnavailableError(
+                f"no Ray cluster answered at {address} within {timeout_s:g}s (--ray-connect-timeout)"
+            ) from None
+        details = _first_line(exc.details() or code.name)
+        if code == grpc.StatusCode.UNAVAILABLE:  # gRPC's own words end with the cause: "...: Connection refused"
+            cause = details.rsplit(": ", 1)[-1].strip("[] ") or details
+            raise ClusterUnavailableError(f"no Ray cluster at {address}: {cause}") from None
+        raise ClusterUnavailableError(
+            f"what answers at {address} is not a Ray cluster ({code.name}: {details})"
+        ) from None
+    finally:
+        channel.close()
+
+
+def _first_line(exc: BaseException | str) -> str:
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else type(exc).__name__
+    return line if len(line) <= _CAUSE_CHARS else line[:_CAUSE_CHARS] + "…"
 
 
 def stop_local_ray() -> None:

@@ -21,14 +21,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 
-from rlckpt.errors import CorruptBundleError, ShardedCheckpointError, UncommittedBundleError
+from rlckpt.errors import CorruptBundleError, RlckptError, ShardedCheckpointError, UncommittedBundleError
 from rlckpt.store import Bundle, BundleStore, join_relpath, validate_relpath
 
 from ._format import DEFAULT_PREFIX, METADATA_NAME
 from ._plan import BundleRef
+from ._slices import check_slices, unloadable_item
 
 # A shard file up to this size is fetched into memory (one read, digest-checked, no disk copy); a
 # larger one is copied to the spool dir and checked there. rlckpt's writer keeps its files far below it
@@ -119,6 +120,9 @@ class _BundleFiles(FileSystemBase):
     def __init__(self, bundle: Bundle) -> None:
         self.bundle = bundle
         self.prefetch: _Prefetch | None = None
+        # The item DCP's read loop is on in the open file (set as the reader slices it, cleared when the
+        # next file opens): what a failure inside torch is blamed on, and nothing else.
+        self.item: tuple[str, MetadataIndex, Any] | None = None
 
     @contextlib.contextmanager
     def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
@@ -128,6 +132,7 @@ class _BundleFiles(FileSystemBase):
             )
         if self.prefetch is None:
             raise ShardedCheckpointError("shard files are read only inside BundleStorageReader.read_data")
+        self.item = None
         with self.prefetch.take(os.fspath(path)) as stream:
             yield stream
 
@@ -284,7 +289,14 @@ class BundleStorageReader(FileSystemReader):
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Any:
         """DCP's own read loop (FileSystemReader.read_data) over checked local copies of the shard files,
-        which are fetched ahead, a few at a time, in the order the loop will want them."""
+        which are fetched ahead, a few at a time, in the order the loop will want them. Every item's slice
+        is checked against its file's size first; what torch raises for an item becomes a
+        CorruptBundleError naming the item and its file."""
+        planned = [item.storage_index for item in plan.items]
+        check_slices(self.storage_data, planned, self.bundle, self.prefix, self._metadata_relpath)
+        # no two items share a record now (check_slices refuses overlaps), so a record names its item
+        self._items = {id(info): index for index, info in self.storage_data.items()}
+        self._files.item = None
         needed = list(
             dict.fromkeys(
                 os.fspath(self.fs.concat_path(self.path, self.storage_data[item.storage_index].relative_path))
@@ -295,6 +307,19 @@ class BundleStorageReader(FileSystemReader):
         self._files.prefetch = prefetch
         try:
             return super().read_data(plan, planner)
+        except RlckptError:
+            raise
+        except Exception as exc:
+            if self._files.item is None:  # not inside an item (a fetch, a plan lookup): not the bundle's fault
+                raise
+            relpath, index, info = self._files.item
+            raise unloadable_item(self.bundle, relpath, index, info, exc) from exc
         finally:
             self._files.prefetch = None
             prefetch.close()
+
+    def _slice_file(self, file: Any, sinfo: Any) -> Any:
+        """DCP's slice of one item (bounds checked in read_data), remembered as the item being loaded."""
+        relpath = join_relpath(self.prefix, sinfo.relative_path)
+        self._files.item = (relpath, self._items[id(sinfo)], sinfo)
+        return super()._slice_file(file, sinfo)
