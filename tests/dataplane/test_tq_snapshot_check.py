@@ -27,6 +27,7 @@ from rlckpt.testing.forge import code_pickle, forge_step
 from rlckpt.testing.tq import connect_client, reset_tq_state
 
 P = "rollouts"
+PROTO4 = b"\x80\x04"
 
 
 def run(coro):
@@ -80,6 +81,15 @@ def test_a_storage_unit_kept_on_ssd_is_refused(tmp_path):
     state = {"format": "transfer_queue_hybrid_storage_v1", "field_data": {}, "ssd_index": {}, "active_keys": set()}
     (source / "simple_storage" / "su_0_u.pkl").write_bytes(pickle.dumps(state))
     with pytest.raises(UnsafeContentError, match=r"su_0_u\.pkl: not an in-memory storage unit's state"):
+        vetted_copy(source, tmp_path / "copy")
+
+
+def test_a_snapshot_holding_the_storage_stand_in_itself_is_refused(tmp_path):
+    """The stand-in for torch.storage._load_from_bytes must never reach the copy TQ loads."""
+    source = minimal_snapshot(tmp_path / "snap")
+    the_function = PROTO4 + b"\x8c\x0dtorch.storage\x8c\x10_load_from_bytes\x93."  # named, never called
+    (source / "controller_state.pkl").write_bytes(the_function)
+    with pytest.raises(UnsafeContentError, match=r"controller_state\.pkl: what it holds cannot be pickled again"):
         vetted_copy(source, tmp_path / "copy")
 
 

@@ -3,13 +3,13 @@
 TQ's `load_checkpoint` unpickles its snapshot with plain `pickle` inside its actors (controller and
 storage units): a snapshot whose digests all match can still run code there. So the adapter never
 hands TQ the snapshot it was given. `vetted_copy` unpickles each pickle of it here, with only the
-globals an honest snapshot of TransferQueue 0.1.11 names reachable (TQ_SNAPSHOT_GLOBALS), and writes
+globals an honest snapshot of TransferQueue 0.1.11 names reachable (tq_snapshot_globals()), and writes
 a copy TQ then loads: its pickles are rlckpt's own re-pickling of those vetted values, its JSON files
 rewritten from what was parsed, and nothing else of the source directory is copied. A tensor's
 storage, which plain pickle carries as `torch.storage._load_from_bytes(...)` (a `torch.load` with
 `weights_only=False`), is loaded here by `safeload.load_storage_bytes` instead.
 
-The pickled rows snapshot (the default, `pinned`) needs none of this: it holds no pickle at all.
+The rows snapshot (`pinned`, the default) needs none of this: it holds no pickle at all.
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ _UNIT_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")  # a storage unit id names a file
 @functools.cache
 def tq_snapshot_globals() -> Allowlist:
     """What an honest TQ snapshot names: TQ's partition records, numpy arrays and dtypes (the numpy row
-    parser), tensors (TQ's status tensors, columns numpy cannot hold) with their storages read by
-    rlckpt, torch values, OrderedDict. Built on first use: it imports TransferQueue."""
+    parser), tensors (TQ's status tensors, columns numpy cannot hold), torch values, OrderedDict. Each
+    file's own table adds a stand-in for the storages of tensors (_file_globals). Built on first use: it
+    imports TransferQueue."""
     from transfer_queue.controller import DataPartitionStatus, FieldMeta
 
     return {
         **TENSORS,
-        ("torch.storage", "_load_from_bytes"): _storage_from_bytes,
         ("transfer_queue.controller", "DataPartitionStatus"): DataPartitionStatus,
         ("transfer_queue.controller", "FieldMeta"): FieldMeta,
         ("numpy", "dtype"): np.dtype,
@@ -55,9 +55,15 @@ def tq_snapshot_globals() -> Allowlist:
     }
 
 
-def _storage_from_bytes(data: bytes) -> Any:
-    """Stands in for torch.storage._load_from_bytes while a snapshot is vetted (see the module docstring)."""
-    return load_storage_bytes(data, "a tensor's storage in a TransferQueue snapshot")
+def _file_globals(source: Path) -> Allowlist:
+    """tq_snapshot_globals() with torch.storage._load_from_bytes (torch.load, weights_only=False) replaced
+    by safeload's loader naming `source`. The stand-in is a local function: it cannot be pickled, so it
+    can never reach the copy TQ loads."""
+
+    def storage_from_bytes(data: bytes) -> Any:
+        return load_storage_bytes(data, f"{source}: a tensor's storage")
+
+    return {**tq_snapshot_globals(), ("torch.storage", "_load_from_bytes"): storage_from_bytes}
 
 
 def _read(path: Path) -> bytes:
@@ -69,9 +75,12 @@ def _read(path: Path) -> bytes:
 
 def _vetted_pickle(source: Path, dest: Path) -> Any:
     """Unpickle `source` through the allowlist and write rlckpt's own pickle of the value to `dest`."""
-    value = restricted_loads(_read(source), tq_snapshot_globals(), str(source))
-    with open(dest, "wb") as out:
-        pickle.dump(value, out, protocol=pickle.HIGHEST_PROTOCOL)  # as TQ pickles its snapshot
+    value = restricted_loads(_read(source), _file_globals(source), str(source))
+    try:
+        with open(dest, "wb") as out:
+            pickle.dump(value, out, protocol=pickle.HIGHEST_PROTOCOL)  # as TQ pickles its snapshot
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:  # e.g. it holds the storage stand-in
+        raise UnsafeContentError(f"{source}: what it holds cannot be pickled again: {exc}") from exc
     return value
 
 
