@@ -4,7 +4,8 @@ save/load speed and bytes on disk vs payload, for each storage-side row parser: 
 
 Rows look like the main job's: prompt int64[256], completion int64[1024], logprobs float32[1024],
 reward float32 scalar (~14 KiB a row), put 64 rows at a time. Starts its own private local Ray
-cluster (address="local", loopback) and shuts it down. Prints a table and writes JSON.
+cluster (address="local", loopback) and shuts it down. Prints a table and writes JSON. A load through
+the adapter includes the vetted copy TQ is given (docs/security.md); "vet" times that copy alone.
 
     .venv/bin/python benchmarks/dataplane_snapshot.py [--sizes 16 64 256] [--no-fix-max 64]
         [--parsers numpy torch none]
@@ -45,6 +46,7 @@ class Result:
     get_mib_s: float
     save_mib_s: float
     load_mib_s: float
+    vet_mib_s: float
     disk_mib: float
     disk_over_payload: float
 
@@ -65,6 +67,7 @@ def dir_bytes(path: Path) -> int:
 
 async def measure(size_mib: int, row_parser: str, rows_per_put: int, work: Path) -> Result:
     from rlckpt.dataplane.tq_client import TransferQueueClient
+    from rlckpt.dataplane.tq_snapshot_check import vetted_copy
 
     reset_tq_state()
     rows = max(rows_per_put, (size_mib * MIB // ROW_BYTES) // rows_per_put * rows_per_put)
@@ -90,6 +93,11 @@ async def measure(size_mib: int, row_parser: str, rows_per_put: int, work: Path)
     save_s = time.perf_counter() - t0
     disk = dir_bytes(snap)
 
+    t0 = time.perf_counter()
+    vetted_copy(snap, work / "vetted")
+    vet_s = time.perf_counter() - t0
+    shutil.rmtree(work / "vetted")
+
     reset_tq_state()
     restorer = connect_client()
     t0 = time.perf_counter()
@@ -110,6 +118,7 @@ async def measure(size_mib: int, row_parser: str, rows_per_put: int, work: Path)
         get_mib_s=round(mib / get_s, 1),
         save_mib_s=round(mib / save_s, 1),
         load_mib_s=round(mib / load_s, 1),
+        vet_mib_s=round(mib / vet_s, 1),
         disk_mib=round(disk / MIB, 2),
         disk_over_payload=round(disk / payload, 3),
     )
@@ -117,12 +126,12 @@ async def measure(size_mib: int, row_parser: str, rows_per_put: int, work: Path)
 
 def print_table(results: list[Result]) -> None:
     head = f"{'payload MiB':>11} {'parser':>6} {'rows':>6} {'put MiB/s':>9} {'get MiB/s':>9} "
-    head += f"{'save MiB/s':>10} {'load MiB/s':>10} {'disk MiB':>9} {'disk/payload':>12}"
+    head += f"{'save MiB/s':>10} {'load MiB/s':>10} {'vet MiB/s':>9} {'disk MiB':>9} {'disk/payload':>12}"
     print(head)
     for r in results:
         print(
             f"{r.payload_mib:>11.1f} {r.row_parser:>6} {r.rows:>6} {r.put_mib_s:>9.1f} "
-            f"{r.get_mib_s:>9.1f} {r.save_mib_s:>10.1f} {r.load_mib_s:>10.1f} {r.disk_mib:>9.1f} "
+            f"{r.get_mib_s:>9.1f} {r.save_mib_s:>10.1f} {r.load_mib_s:>10.1f} {r.vet_mib_s:>9.1f} {r.disk_mib:>9.1f} "
             f"{r.disk_over_payload:>12.3f}"
         )
 

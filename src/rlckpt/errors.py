@@ -47,6 +47,14 @@ class CorruptBundleError(StoreError):
     """A committed bundle fails verification: names the file and what differs."""
 
 
+class UnsafeContentError(CorruptBundleError):
+    """A file of a bundle holds what rlckpt will not deserialize, whatever its digest says: a pickle that
+    names a global outside the allowlist for that file, or bytes not in the format that file must have.
+    Names the file (and the item inside it) and the global; nothing of it was loaded. Digests prove a
+    bundle intact, not who wrote it, so this is how a bundle forged by someone who can write the run's
+    storage is refused (docs/security.md)."""
+
+
 class TransactionStateError(StoreError):
     """A transaction was used after commit/abort, or committed twice."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -185,10 +186,13 @@ def test_restore_is_refused_after_this_client_did_a_data_operation(tq_plane, tmp
 
 def test_a_failed_load_leaves_the_client_unusable_for_loads(tq_plane, tmp_path):
     save_snapshot_then_reset(tq_plane, tmp_path / "snap")
-    (tmp_path / "empty").mkdir()
+    broken = tmp_path / "broken"  # passes rlckpt's checks of a snapshot; TQ's own load then fails on it
+    broken.mkdir()
+    (broken / "metadata.json").write_text(json.dumps({"storage_saved": False, "user_metadata": {}}))
+    (broken / "controller_state.pkl").write_bytes(pickle.dumps([]))
     restorer = connect_client()
     with pytest.raises(RestoreRefusedError, match="load failed"):
-        run(restorer.load_checkpoint(tmp_path / "empty"))
+        run(restorer.load_checkpoint(broken))
     with pytest.raises(RestoreRefusedError, match="earlier load"):
         run(restorer.load_checkpoint(tmp_path / "snap"))
 

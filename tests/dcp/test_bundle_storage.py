@@ -12,7 +12,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from rlckpt.dcp import BundleStorageReader, BundleStorageWriter
-from rlckpt.dcp import reader as reader_module
+from rlckpt.dcp import _safe_unpickle as safe_unpickle
 from rlckpt.dcp._format import SMALL_ITEM_BYTES
 from rlckpt.errors import BundleExistsError, CorruptBundleError, ShardedCheckpointError
 from rlckpt.store import BundleStore
@@ -199,10 +199,10 @@ def test_a_flipped_bit_in_metadata_is_refused_before_it_is_unpickled(run, monkey
     store, url, options = run
     scenarios.flip_bit(store, 1, "policy/.metadata", 100)
 
-    def no_unpickling(data):
+    def no_unpickling(*args, **kwargs):
         raise AssertionError("unpickled .metadata whose digest did not match")
 
-    monkeypatch.setattr(reader_module.pickle, "loads", no_unpickling)
+    monkeypatch.setattr(safe_unpickle, "restricted_loads", no_unpickling)
     with pytest.raises(CorruptBundleError, match=r"policy/\.metadata has sha256"):
         BundleStorageReader(url, step=1, storage_options=options)
 

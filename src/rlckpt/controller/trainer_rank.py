@@ -206,7 +206,7 @@ class TrainerRank:
         self.trainer.load_checkpoint(reader, process_group=self._checkpoint_group, origin=origin)
 
     def _load_whole_policy(self, store: BundleStore, location: PolicyLocation, origin: str) -> None:
-        """The file's bytes, digest-checked by the store before ``torch.load(weights_only=True)`` sees them."""
+        """The file's bytes, digest-checked by the store, then loaded by ``codec.loads`` (no code from a bundle)."""
         data = store.open(location.step).read_bytes(location.prefix)
         self.trainer.load_state_dict(codec.loads(data, origin=origin), origin=origin)
 

@@ -88,8 +88,9 @@ class DataPlaneClient(abc.ABC):
     async def load_checkpoint(self, local_dir: str | Path) -> dict[str, Any]:
         """Restore a snapshot onto an untouched data plane; returns the metadata saved with it.
 
-        Raises RestoreRefusedError (see the class docstring). Snapshots are pickles: only load
-        one whose digests were verified first.
+        Raises RestoreRefusedError (see the class docstring). A snapshot may hold pickles: an adapter
+        unpickles nothing of it where code could run (allowlist or weights-only loads; UnsafeContentError
+        otherwise), and a restore loads only a snapshot whose digests were verified first.
         """
 
     @abc.abstractmethod

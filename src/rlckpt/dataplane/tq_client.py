@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from rlckpt.dataplane.base import SNAPSHOT_METADATA_FILE, DataPlaneClient, Field
 from rlckpt.dataplane.fields import batch_fields, check_json_metadata, check_keys, densify, rows_of
 from rlckpt.dataplane.row_parser import PARSERS
 from rlckpt.dataplane.threads import run_blocking
+from rlckpt.dataplane.tq_snapshot_check import vetted_copy
 from rlckpt.errors import DataPlaneError, MissingSamplesError, RestoreRefusedError
 
 logger = logging.getLogger(__name__)
@@ -256,9 +259,16 @@ class TransferQueueClient(DataPlaneClient):
                 f"restore from {local_dir} refused: TransferQueue already holds partitions (rows) {counts}; "
                 "some client wrote before the restore"
             )
-        with self._guard.loading(str(local_dir)):
-            meta = json.loads((local_dir / SNAPSHOT_METADATA_FILE).read_text())
-            await run_blocking(tq.load_checkpoint, local_dir)
+        # TQ's actors unpickle what they load with plain pickle: they get a vetted copy, never local_dir
+        # (tq_snapshot_check). A refused snapshot leaves TQ untouched and this client able to load.
+        vetted = Path(tempfile.mkdtemp(prefix=f".{local_dir.name}.vetted-", dir=local_dir.parent))
+        try:
+            await run_blocking(vetted_copy, local_dir, vetted)
+            with self._guard.loading(str(local_dir)):
+                meta = json.loads((vetted / SNAPSHOT_METADATA_FILE).read_text())
+                await run_blocking(tq.load_checkpoint, vetted)
+        finally:
+            shutil.rmtree(vetted, ignore_errors=True)
         logger.info("TransferQueue restored from %s", local_dir)
         return dict(meta.get("user_metadata", {}))
 

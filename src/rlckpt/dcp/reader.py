@@ -5,6 +5,10 @@ so resharding is DCP's) with its filesystem replaced by the bundle: every byte t
 against the manifest first. `.metadata` is read digest-checked once, when the reader is made, and only
 then unpickled; each shard file a rank needs is fetched once, digest-checked, and sliced by the
 offset/length DCP recorded. Files are fetched a few ahead of the read loop (see _Prefetch).
+
+A digest proves a bundle intact, not who wrote it, so nothing of it is unpickled where code could run:
+`.metadata` only through an allowlist unpickler, and a non-tensor item reaches the caller's planner only
+after it loaded weights-only (see _safe_unpickle.py; the reader guarantees it, whatever the planner).
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import pickle
 import shutil
 import tempfile
 import threading
@@ -22,13 +25,14 @@ from typing import Any
 
 from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
-from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 
 from rlckpt.errors import CorruptBundleError, RlckptError, ShardedCheckpointError, UncommittedBundleError
 from rlckpt.store import Bundle, BundleStore, join_relpath, validate_relpath
 
 from ._format import DEFAULT_PREFIX, METADATA_NAME
 from ._plan import BundleRef
+from ._safe_unpickle import VettedBytesPlanner, load_metadata
 from ._slices import check_slices, unloadable_item
 
 # A shard file up to this size is fetched into memory (one read, digest-checked, no disk copy); a
@@ -190,6 +194,8 @@ class BundleStorageReader(FileSystemReader):
         Raises:
             UncommittedBundleError: the step is not committed, or (step=None) no step is.
             CorruptBundleError: the bundle or its `.metadata` fails its digest check (names the file).
+            UnsafeContentError: `.metadata` names a global outside DCP's metadata classes (a
+                CorruptBundleError; names the file and the global).
             ShardedCheckpointError: the bundle holds no `.metadata` under `prefix`.
             StoreUnavailableError: the store cannot be reached.
         """
@@ -224,11 +230,19 @@ class BundleStorageReader(FileSystemReader):
                 f"step {bundle.step} at {bundle.url} holds no DCP checkpoint under {self.prefix or 'its root'!r} "
                 f"(no {self._metadata_relpath}); files: {bundle.files_under(self.prefix)[:5]}"
             ) from None
+        load_metadata(self._metadata_bytes, self._metadata_origin(bundle))  # refused here, before any load begins
         self.bundle = bundle
         self._files = _BundleFiles(bundle)
         # DCP types its reader's fs as its own FileSystem; its read loop only uses the FileSystemBase API
         self.fs = self._files  # type: ignore[assignment]
         self.path = self.prefix
+
+    def _metadata_origin(self, bundle: Bundle) -> str:
+        return f"step {bundle.step} at {bundle.url}: {self._metadata_relpath}"
+
+    def _item_origin(self, item: ReadItem) -> str:
+        relpath = join_relpath(self.prefix, self.storage_data[item.storage_index].relative_path)
+        return f"step {self.bundle.step} at {self.bundle.url}: {relpath}, item {item.storage_index.fqn!r}"
 
     @property
     def step(self) -> int:
@@ -261,11 +275,7 @@ class BundleStorageReader(FileSystemReader):
         return False  # never picked by DCP from a bare checkpoint_id: pass the reader explicitly
 
     def read_metadata(self) -> Metadata:  # no **kwargs: DCP must not fall back to rank-local metadata
-        metadata = pickle.loads(self._metadata_bytes)  # bytes whose sha256 the manifest vouched for
-        if not isinstance(metadata, Metadata):
-            raise CorruptBundleError(
-                f"step {self.bundle.step} at {self.bundle.url}: {self._metadata_relpath} is not DCP metadata"
-            )
+        metadata = load_metadata(self._metadata_bytes, self._metadata_origin(self.bundle))  # allowlist unpickler
         storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
         storage_meta.load_id = self.load_id
         metadata.storage_meta = storage_meta
@@ -290,8 +300,9 @@ class BundleStorageReader(FileSystemReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Any:
         """DCP's own read loop (FileSystemReader.read_data) over checked local copies of the shard files,
         which are fetched ahead, a few at a time, in the order the loop will want them. Every item's slice
-        is checked against its file's size first; what torch raises for an item becomes a
-        CorruptBundleError naming the item and its file."""
+        is checked against its file's size first; the planner sees non-tensor items only through
+        VettedBytesPlanner; what torch raises for an item becomes a CorruptBundleError naming the item and
+        its file."""
         planned = [item.storage_index for item in plan.items]
         check_slices(self.storage_data, planned, self.bundle, self.prefix, self._metadata_relpath)
         # no two items share a record now (check_slices refuses overlaps), so a record names its item
@@ -306,7 +317,7 @@ class BundleStorageReader(FileSystemReader):
         prefetch = _Prefetch(self.bundle, needed, self.fetch_workers, self.spool_dir)
         self._files.prefetch = prefetch
         try:
-            return super().read_data(plan, planner)
+            return super().read_data(plan, VettedBytesPlanner(planner, self._item_origin))
         except RlckptError:
             raise
         except Exception as exc:
