@@ -34,9 +34,11 @@ def no_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def no_ray_init(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The real connect_ray, but ray.init fails the test: an address must be refused before it."""
+    """The real connect_ray, but ray.init fails the test: an address must be refused before it. This
+    process counts as not connected (a session fixture may have started Ray in it)."""
     import ray
 
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", _refuse_ray)
     monkeypatch.setattr(ray_cluster, "start_local_ray", _refuse_ray)
 

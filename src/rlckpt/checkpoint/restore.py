@@ -229,7 +229,7 @@ def check_run_bundle(bundle: Bundle) -> RunBundle:
         CorruptBundleError: a run bundle without one of its pieces.
     """
     run = read_run_bundle(bundle.step, bundle.manifest.metadata)
-    missing = [rel for rel in run.pieces if rel not in bundle.manifest.files]
+    missing = run.missing_pieces(bundle.manifest.files.keys())
     if missing:
         raise CorruptBundleError(
             f"step {bundle.step} at {bundle.url}: a run bundle of format {run.format} without {missing}"

@@ -16,7 +16,7 @@ is refused: resuming an older bundle instead would save over the newer one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -46,11 +46,15 @@ class RunBundle:
     policy_form: PolicyForm
     trainer_ranks: int | None = None  # how many ranks wrote a DCP policy (None: one process, or not recorded)
 
-    @property
-    def pieces(self) -> tuple[str, ...]:
-        """The files a restore reads by name (the policy's shard files and the data plane's rows aside)."""
-        policy = f"{self.policy_path}/.metadata" if self.policy_form == POLICY_DCP else self.policy_path
-        return (policy, *layout.RUN_BUNDLE_COMMON_PIECES)
+    def missing_pieces(self, files: Collection[str]) -> list[str]:
+        """Of the pieces a restore reads, those `files` (a manifest's paths) lack. The policy counts as there
+        when its one file is, or, in a directory, when any file is (its reader names what it needs: DCP's
+        `.metadata` for the trainer ranks, one blob for the benchmarks' stand-in trainer)."""
+        missing = [rel for rel in layout.RUN_BUNDLE_COMMON_PIECES if rel not in files]
+        under = self.policy_path + "/"
+        if self.policy_path not in files and not any(rel.startswith(under) for rel in files):
+            missing.insert(0, self.policy_path if self.policy_form == POLICY_WHOLE else under)
+        return missing
 
 
 def _format_1(meta: Mapping[str, Any]) -> RunBundle:
