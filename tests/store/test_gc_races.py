@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlckpt.errors import LostWriteError
+from rlckpt.errors import LostWriteError, ParticipantError
 from rlckpt.store import BundleStore
 from rlckpt.testing.pause import Background, PauseAt
 from rlckpt.testing.store_checks import debris, plant, save_sample
@@ -100,6 +100,22 @@ def test_a_writer_cannot_begin_a_step_gc_holds_while_removing_its_orphan_data(st
     assert debris(store) == []
 
 
+# --- participants' rosters -------------------------------------------------------------------------------
+
+
+def test_gc_removes_a_roster_no_transaction_owns_and_keeps_a_running_ones(store):
+    left = plant(store, "_txn/0123456789abcdef0123456789abcdef/joined/rank0", b"rank0")  # a crashed commit's
+    txn = store.begin(2)
+    writer = store.participant(txn.handle(), "rank0")
+    report = store.gc()
+    assert store.backend.path("_txn", "0123456789abcdef0123456789abcdef") in report.removed
+    assert not store.fs.exists(left)
+    with pytest.raises(ParticipantError, match="have not sealed"):  # gc left the running roster alone
+        txn.commit()
+    writer.abort()
+    assert debris(store) == []
+
+
 # --- the commit's own check ----------------------------------------------------------------------
 
 
@@ -112,7 +128,7 @@ def test_commit_refuses_when_a_written_file_was_removed_behind_its_back(store):
     txn.write_bytes("a.bin", b"a" * 100)
     txn.write_bytes("b.bin", b"b" * 100)
     store.fs.rm_file(data_path(store, txn, "b.bin"))
-    with pytest.raises(LostWriteError, match="b.bin.*gone"):
+    with pytest.raises(LostWriteError, match="b.bin is in the manifest but missing"):
         txn.commit()
     assert store.steps() == [1]
     store.open(1).verify()
@@ -131,7 +147,7 @@ def test_commit_refuses_a_file_it_did_not_write(store):
     txn = store.begin(2)
     txn.write_bytes("a.bin", b"a" * 100)
     store.fs.pipe_file(data_path(store, txn, "stranger.bin"), b"zombie writer")
-    with pytest.raises(LostWriteError, match="stranger.bin was not written by this transaction"):
+    with pytest.raises(LostWriteError, match="stranger.bin is not in the manifest"):
         txn.commit()
     assert store.steps() == [1]
 

@@ -37,6 +37,7 @@ REMOVE_INTENT = "remove_intent"  # an intent left beside a committed step, or on
 REMOVE_ORPHAN_STEP = "remove_orphan_step"  # step data with no COMMIT and no intent
 REMOVE_FOREIGN_DATA = "remove_foreign_data"  # another transaction's data beside a bundle or a live writer
 REMOVE_STAGING = "remove_staging"  # a local staging dir no intent names
+REMOVE_ROSTER = "remove_roster"  # the participants' roster of a transaction that is not running
 REMOVE_LEFTOVER = "remove_leftover"  # an old probe key or intent temp file
 ABORT_UPLOAD = "abort_upload"  # an incomplete multipart upload of no live transaction
 
@@ -137,6 +138,11 @@ class GarbageCollector:
                 plan.actions.append(
                     GcAction(REMOVE_STAGING, self.backend.path(TMP_DIR, name), txid=name, reason="no intent names it")
                 )
+        live_txids = {read.txid for read in live if read.txid}
+        for txid in sorted(inv.rosters - live_txids):  # a dead transaction's goes after its intent, re-checked
+            plan.actions.append(
+                GcAction(REMOVE_ROSTER, self.backend.path(TXN_DIR, txid), txid=txid, reason="no live transaction")
+            )
         now = time.time()
         for path, mtime in sorted({**inv.probes, **inv.intent_temps}.items()):
             if mtime is None or now - mtime >= min(stale_after, LEFTOVER_GRACE):
@@ -321,6 +327,13 @@ class GarbageCollector:
         return [action.target]
 
     def _apply_remove_staging(self, action: GcAction, plan: GcPlan) -> list[str] | str:
+        named = {read.txid for read in self._read_intents(Inventory())}
+        if action.txid in named:
+            return "an intent names it now"
+        self.backend.remove_tree(action.target)
+        return [action.target]
+
+    def _apply_remove_roster(self, action: GcAction, plan: GcPlan) -> list[str] | str:
         named = {read.txid for read in self._read_intents(Inventory())}
         if action.txid in named:
             return "an intent names it now"
