@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlckpt.errors import LostWriteError, ParticipantError
+from rlckpt.errors import BundleExistsError, LostWriteError, ParticipantError
 from rlckpt.store import BundleStore
+from rlckpt.store.gc import GarbageCollector
 from rlckpt.testing.pause import Background, PauseAt
 from rlckpt.testing.store_checks import debris, plant, save_sample
 
@@ -98,6 +99,37 @@ def test_a_writer_cannot_begin_a_step_gc_holds_while_removing_its_orphan_data(st
     save_sample(store, 7)
     assert store.steps() == [1, 7]
     assert debris(store) == []
+
+
+# --- retention ------------------------------------------------------------------------------------------
+
+
+def test_retention_holds_the_step_it_deletes_so_a_new_save_of_it_waits_and_then_survives(store):
+    """On S3 deleting a bundle is COMMIT, then the rest: a save of the step between the two would be wiped
+    by the second (local disk renames the bundle away at once, but the rule is the same on both)."""
+    save_sample(store, 2)
+    with PauseAt(store.backend, "remove_tree") as pause:  # step 1 is invisible, its files not yet deleted
+        gc = Background(store.gc, keep_last=1)
+        pause.wait_reached()
+        with pytest.raises(BundleExistsError, match="being written by txid gc-"):
+            save_sample(store, 1)
+    assert gc.result().deleted_steps == [1]
+    save_sample(store, 1)
+    store.open(1).verify()
+    assert debris(store) == []
+
+
+def test_retention_spares_a_bundle_committed_again_after_its_plan(store):
+    save_sample(store, 2)
+    with PauseAt(GarbageCollector, "apply") as pause:  # gc has planned to delete step 1
+        gc = Background(store.gc, keep_last=1)
+        pause.wait_reached()
+        store.backend.delete_bundle("step_1")  # step 1 deleted behind gc's back and saved anew
+        save_sample(store, 1)
+    report = gc.result()
+    assert report.deleted_steps == []
+    assert any("committed again" in skipped for skipped in report.skipped)
+    store.open(1).verify()
 
 
 # --- participants' rosters -------------------------------------------------------------------------------
