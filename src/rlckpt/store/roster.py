@@ -36,10 +36,12 @@ CLOSED = "closed"
 
 @dataclass(frozen=True)
 class RosterState:
-    """What a closed roster held: the names that joined and those that sealed."""
+    """What a closed roster held: the names that joined, those that sealed, and every marker listed
+    (relative to the roster), so that it can be removed without listing it again."""
 
     joined: frozenset[str]
     sealed: frozenset[str]
+    markers: tuple[str, ...] = ()
 
     @property
     def unsealed(self) -> list[str]:
@@ -96,11 +98,16 @@ class Roster:
             kind, _, name = rel.partition("/")
             if kind in names and name and "/" not in name:
                 names[kind].add(name)
-        return RosterState(frozenset(names[JOINED]), frozenset(names[SEALED]))
+        return RosterState(frozenset(names[JOINED]), frozenset(names[SEALED]), tuple(sorted({*listed, CLOSED})))
 
-    def remove(self) -> None:
-        """Remove the whole roster once the transaction has ended (best effort: gc removes what is left)."""
+    def remove(self, closed: RosterState | None = None) -> None:
+        """Remove the roster once the transaction has ended (best effort: gc removes what is left). After
+        a commit the listing `closed` took is all there is (nobody joins a closed roster and stays), so
+        object stores delete exactly those markers instead of listing the roster again."""
         try:
-            self.backend.remove_tree(self.root)
+            if closed is None:
+                self.backend.remove_tree(self.root)
+            else:
+                self.backend.remove_listed(self.root, closed.markers)
         except Exception:
             log.warning("could not remove the roster of %s", self.where, exc_info=True)

@@ -104,7 +104,7 @@ class BundleTransaction(FileWriter):
         """
         own = self._close_writes("committing")  # no write of the coordinator's can begin from here on
         try:
-            manifest = self._publish(own, metadata, list(receipts), participants)
+            manifest, roster = self._publish(own, metadata, list(receipts), participants)
         except BaseException:
             try:
                 self.abort()
@@ -113,7 +113,7 @@ class BundleTransaction(FileWriter):
             raise
         self._stop("committed")
         self.claims.release(self.step, self.txid, committed=True)
-        self.roster.remove()
+        self.roster.remove(roster)
         log.info("committed step %s (%d files, txid %s) at %s", self.step, len(manifest.files), self.txid, self.url)
         return manifest
 
@@ -123,7 +123,7 @@ class BundleTransaction(FileWriter):
         metadata: dict[str, Any] | None,
         receipts: list[Receipt],
         participants: Collection[str] | None,
-    ) -> Manifest:
+    ) -> tuple[Manifest, RosterState]:
         where = f"step {self.step} (txid {self.txid}) at {self.url}"
         receipts = [checked_receipt(r, where) for r in receipts]
         files = self._merge(own, receipts, participants, where)
@@ -146,7 +146,8 @@ class BundleTransaction(FileWriter):
                 f"{len(canonical_json(meta))} bytes of metadata); nothing committed"
             ) from exc
         with self._storage("committing"):
-            self._check_roster(self.roster.close(), receipts, where)
+            roster = self.roster.close()
+            self._check_roster(roster, receipts, where)
             self.claims.assert_owner(self.step, self.txid)
             problem = listing_problem(files, self.backend.written_view(self._step_dir, self.txid))
             if problem is not None:
@@ -155,7 +156,7 @@ class BundleTransaction(FileWriter):
                     "or added by gc or another writer?); nothing committed"
                 )
             self.backend.make_visible(self._step_dir, self.txid, manifest_bytes, marker)
-        return manifest
+        return manifest, roster
 
     @staticmethod
     def _check_roster(roster: RosterState, receipts: list[Receipt], where: str) -> None:

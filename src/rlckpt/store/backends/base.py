@@ -113,6 +113,12 @@ class Backend(abc.ABC):
     def remove_tree(self, path: str) -> None:
         """Delete everything at and under `path` (a missing path is fine); never follows a symlink."""
 
+    def remove_listed(self, path: str, rels: Iterable[str]) -> None:
+        """Delete directory/prefix `path`, whose files `rels` (relative to it) a listing just found.
+        Object stores delete exactly those keys, in batches, without listing again (what appeared since
+        stays for gc); local disk removes the directory."""
+        self.remove_tree(path)
+
     # --- bundle files ---------------------------------------------------------------------------
     @abc.abstractmethod
     def list_files(self, path: str) -> Listing:
