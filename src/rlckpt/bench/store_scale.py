@@ -180,31 +180,36 @@ def _num(value: float | None) -> str:
     return f"{value:.0f}" if value >= 100 else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
 
-def scale_tables(points: list[ScalePoint]) -> str:
-    """Two markdown tables: per participant, and per file. Flat columns down a destination = linear."""
+def _total(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def scale_tables(points: list[ScalePoint], threads: int) -> str:
+    """Two markdown tables, per participant and per file: flat per-item columns down a destination mean
+    linear growth. A commit's calls and requests are totals (a constant plus a page per 1,000 keys)."""
     out = [
-        "Per participant (each joins, writes one 1 KiB file, seals; then one commit of all):\n",
-        "| destination | participants | commit s | commit µs | commit calls | commit requests "
-        "| participant µs | participant calls | participant requests |",
+        f"Participants (each joins, writes a {SHARD_BYTES}-byte file, seals; {threads} at a time; then one commit):\n",
+        "| destination | participants | commit s | commit µs per participant | commit calls | commit requests "
+        "| µs per participant | calls per participant | requests per participant |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p in (p for p in points if p.kind == "participants"):
         c, w = p.per_item(p.commit), p.per_item(p.work)
         out.append(
-            f"| {p.destination} | {p.count} | {p.commit.seconds:.3f} | {_num(c['us'])} | {_num(c['calls'])} "
-            f"| {_num(c['requests'])} | {_num(w['us'])} | {_num(w['calls'])} | {_num(w['requests'])} |"
+            f"| {p.destination} | {p.count} | {p.commit.seconds:.3f} | {_num(c['us'])} | {p.commit.calls} "
+            f"| {_total(p.commit.requests)} | {_num(w['us'])} | {_num(w['calls'])} | {_num(w['requests'])} |"
         )
     out += [
         "",
-        "Per file (one writer, small files; then its commit):\n",
-        "| destination | files | write µs | write calls | write requests | commit s | commit µs | commit calls "
-        "| commit requests |",
+        f"Files of one writer ({FILE_BYTES} bytes each, {threads} at a time; then its commit):\n",
+        "| destination | files | µs per file | calls per file | requests per file | commit s | commit µs per file "
+        "| commit calls | commit requests |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p in (p for p in points if p.kind == "files"):
         c, w = p.per_item(p.commit), p.per_item(p.work)
         out.append(
             f"| {p.destination} | {p.count} | {_num(w['us'])} | {_num(w['calls'])} | {_num(w['requests'])} "
-            f"| {p.commit.seconds:.3f} | {_num(c['us'])} | {_num(c['calls'])} | {_num(c['requests'])} |"
+            f"| {p.commit.seconds:.3f} | {_num(c['us'])} | {p.commit.calls} | {_total(p.commit.requests)} |"
         )
     return "\n".join(out) + "\n"

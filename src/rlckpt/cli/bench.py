@@ -683,7 +683,7 @@ def run_store(args: argparse.Namespace) -> int:
         per = p.per_item(p.commit)
         print(
             f"  {p.destination:<8} {p.count:>6} {p.kind:<12} work {p.work.seconds:8.2f} s  "
-            f"commit {p.commit.seconds:8.3f} s ({per['us']:8.1f} µs and {per['calls']:.2f} calls each)",
+            f"commit {p.commit.seconds:8.3f} s ({per['us']:8.1f} µs each, {p.commit.calls} calls)",
             file=sys.stderr,
         )
 
@@ -691,7 +691,7 @@ def run_store(args: argparse.Namespace) -> int:
         points = run_sweep(config, dests.destinations, on_point=show)
     out = Path(args.out_dir)
     write_json(out / "store_scale.json", result_document(points, config, meta))
-    markdown = scale_tables(points)
+    markdown = scale_tables(points, config.threads)
     (out / "store_scale.md").write_text(
         f"Command: `{meta['command']}` ({meta['date_utc']}, commit {meta.get('git_commit')}, "
         f"load average at start {meta.get('load_average_1m', 0):.1f})\n\n" + markdown
