@@ -64,8 +64,16 @@ class UnsafeStoreError(StoreError):
 
 
 class ParticipantError(StoreError):
-    """A multi-participant commit was refused: a participant missing or duplicated, a receipt of another
-    transaction, or two participants claiming one path. Nothing is published."""
+    """A multi-participant commit was refused: a participant missing, duplicated or joined without sealing
+    (it could still write into the bundle), a receipt of another transaction or malformed, or two writers
+    claiming one path (the same file, or a file where another path needs a directory). Nothing is
+    published. Also: a second process joining a transaction under a name already in it."""
+
+
+class UnreadableBundleError(StoreError):
+    """A commit was refused because readers would refuse the bundle it was about to publish: its manifest
+    over the cap readers accept (too many files, too much metadata) or not in a form they accept. Nothing
+    is published, and the step can be saved again."""
 
 
 class SharedStorageError(StoreError):

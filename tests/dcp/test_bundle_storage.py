@@ -14,7 +14,7 @@ import torch.distributed.checkpoint as dcp
 from rlckpt.dcp import BundleStorageReader, BundleStorageWriter
 from rlckpt.dcp import _safe_unpickle as safe_unpickle
 from rlckpt.dcp._format import SMALL_ITEM_BYTES
-from rlckpt.errors import BundleExistsError, CorruptBundleError, ShardedCheckpointError
+from rlckpt.errors import BundleExistsError, CorruptBundleError, InvalidPathError, ShardedCheckpointError
 from rlckpt.store import BundleStore
 from rlckpt.testing import dcp_scenarios as scenarios
 from rlckpt.testing.dcp_ranks import (
@@ -271,6 +271,15 @@ def test_a_bundle_without_dcp_metadata_under_the_prefix_is_named(run):
     store, _url, _options = run
     with pytest.raises(ShardedCheckpointError, match=r"no DCP checkpoint under 'optim'.*optim/\.metadata"):
         BundleStorageReader(store, step=1, prefix="optim")
+
+
+def test_a_prefix_under_a_reserved_name_is_refused_before_anything_is_written(run):
+    store, _url, _options = run
+    for prefix in ("COMMIT", "manifest.json/policy"):
+        with pytest.raises(InvalidPathError, match="reserved for the bundle's own metadata"):
+            BundleStorageWriter(store, step=2, prefix=prefix)
+    assert store.steps() == [1]
+    assert debris(store) == []
 
 
 def test_a_joined_writer_saves_once(run):

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlckpt.errors import LostWriteError
+from rlckpt.errors import BundleExistsError, LostWriteError, ParticipantError
 from rlckpt.store import BundleStore
+from rlckpt.store.gc import GarbageCollector
 from rlckpt.testing.pause import Background, PauseAt
 from rlckpt.testing.store_checks import debris, plant, save_sample
 
@@ -100,6 +101,53 @@ def test_a_writer_cannot_begin_a_step_gc_holds_while_removing_its_orphan_data(st
     assert debris(store) == []
 
 
+# --- retention ------------------------------------------------------------------------------------------
+
+
+def test_retention_holds_the_step_it_deletes_so_a_new_save_of_it_waits_and_then_survives(store):
+    """On S3 deleting a bundle is COMMIT, then the rest: a save of the step between the two would be wiped
+    by the second (local disk renames the bundle away at once, but the rule is the same on both)."""
+    save_sample(store, 2)
+    with PauseAt(store.backend, "remove_tree") as pause:  # step 1 is invisible, its files not yet deleted
+        gc = Background(store.gc, keep_last=1)
+        pause.wait_reached()
+        with pytest.raises(BundleExistsError, match="being written by txid gc-"):
+            save_sample(store, 1)
+    assert gc.result().deleted_steps == [1]
+    save_sample(store, 1)
+    store.open(1).verify()
+    assert debris(store) == []
+
+
+def test_retention_spares_a_bundle_committed_again_after_its_plan(store):
+    save_sample(store, 2)
+    with PauseAt(GarbageCollector, "apply") as pause:  # gc has planned to delete step 1
+        gc = Background(store.gc, keep_last=1)
+        pause.wait_reached()
+        store.backend.delete_bundle("step_1")  # step 1 deleted behind gc's back and saved anew
+        save_sample(store, 1)
+    report = gc.result()
+    assert report.deleted_steps == []
+    assert any("committed again" in skipped for skipped in report.skipped)
+    store.open(1).verify()
+
+
+# --- participants' rosters -------------------------------------------------------------------------------
+
+
+def test_gc_removes_a_roster_no_transaction_owns_and_keeps_a_running_ones(store):
+    left = plant(store, "_txn/0123456789abcdef0123456789abcdef/joined/rank0", b"rank0")  # a crashed commit's
+    txn = store.begin(2)
+    writer = store.participant(txn.handle(), "rank0")
+    report = store.gc()
+    assert store.backend.path("_txn", "0123456789abcdef0123456789abcdef") in report.removed
+    assert not store.fs.exists(left)
+    with pytest.raises(ParticipantError, match="have not sealed"):  # gc left the running roster alone
+        txn.commit()
+    writer.abort()
+    assert debris(store) == []
+
+
 # --- the commit's own check ----------------------------------------------------------------------
 
 
@@ -112,7 +160,7 @@ def test_commit_refuses_when_a_written_file_was_removed_behind_its_back(store):
     txn.write_bytes("a.bin", b"a" * 100)
     txn.write_bytes("b.bin", b"b" * 100)
     store.fs.rm_file(data_path(store, txn, "b.bin"))
-    with pytest.raises(LostWriteError, match="b.bin.*gone"):
+    with pytest.raises(LostWriteError, match="b.bin is in the manifest but missing"):
         txn.commit()
     assert store.steps() == [1]
     store.open(1).verify()
@@ -131,7 +179,7 @@ def test_commit_refuses_a_file_it_did_not_write(store):
     txn = store.begin(2)
     txn.write_bytes("a.bin", b"a" * 100)
     store.fs.pipe_file(data_path(store, txn, "stranger.bin"), b"zombie writer")
-    with pytest.raises(LostWriteError, match="stranger.bin was not written by this transaction"):
+    with pytest.raises(LostWriteError, match="stranger.bin is not in the manifest"):
         txn.commit()
     assert store.steps() == [1]
 

@@ -169,7 +169,7 @@ def test_a_listed_file_that_is_absent_is_refused(store):
     txn = store.begin(2)
     r0 = participate(store, txn, "rank0", {"a0": shard(0)})
     store.fs.rm_file(f"{store.backend.data_root('step_2', txn.txid)}/a0")
-    refused(store, txn, LostWriteError, "a0 was written but is gone", receipts=[r0])
+    refused(store, txn, LostWriteError, "a0 is in the manifest but missing", receipts=[r0])
 
 
 def test_a_listed_file_of_another_size_is_refused(store):
@@ -183,7 +183,13 @@ def test_files_of_a_participant_without_a_receipt_are_refused(store):
     txn = store.begin(2)
     r0 = participate(store, txn, "rank0", {"a0": shard(0)})
     participate(store, txn, "rank1", {"a1": shard(1)})  # sealed, but its receipt never arrives
-    refused(store, txn, LostWriteError, "a1 was not written by this transaction", receipts=[r0])
+    refused(
+        store,
+        txn,
+        ParticipantError,
+        r"participant\(s\) \['rank1'\] sealed but their receipts are not among those committed",
+        receipts=[r0],
+    )
 
 
 # --- zombies ---------------------------------------------------------------------------------------------

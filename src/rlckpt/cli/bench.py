@@ -1,5 +1,5 @@
-"""`rlckpt bench barrier`, `rlckpt bench save` and `rlckpt bench policy`: the checkpoint benchmarks (code in
-rlckpt.bench)."""
+"""`rlckpt bench barrier`, `rlckpt bench save`, `rlckpt bench policy` and `rlckpt bench store`: the checkpoint
+benchmarks (code in rlckpt.bench)."""
 
 from __future__ import annotations
 
@@ -71,12 +71,28 @@ examples:
   rlckpt bench policy --quick --out benchmarks/results/policy_smoke.json   # tiny, for a smoke run
 """
 
+STORE_EPILOG = """\
+what it does:
+  For each destination and count N: N participants join one transaction, each writes one 1 KiB
+  shard and seals (--threads at a time), then one commit of all; and, separately, one writer writes N
+  small files, then commits. Reports time, storage calls (every call on the store's filesystem and its
+  files, counted by the fault-injection wrapper of the tests) and, on S3, HTTP requests, each per
+  participant or per file: flat columns mean linear growth. No Ray, no TransferQueue.
+  Writes store_scale.{json,md} to --out-dir.
+
+examples:
+  rlckpt bench store                                      # 16,256,4096 participants; 2000,8000 files
+  rlckpt bench store --participants 16,256,4096 --files 0 --destinations local
+  rlckpt bench store --quick --out-dir /tmp/smoke         # tiny, for a smoke run
+"""
+
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "bench",
         help=(
-            "benchmarks: barrier-window stall (barrier), end-to-end save/restore (save), sharded policy vs DCP (policy)"
+            "benchmarks: barrier-window stall (barrier), end-to-end save/restore (save), sharded policy vs DCP "
+            "(policy), commit cost by participants and files (store)"
         ),
         description="Checkpoint benchmarks on a private local Ray + TransferQueue; results go to --out-dir.",
     )
@@ -86,6 +102,7 @@ def add_parser(subparsers: Any) -> None:
     _add_barrier(sub)
     _add_save(sub)
     _add_policy(sub)
+    _add_store(sub)
 
 
 def _common_bench_args(parser: argparse.ArgumentParser) -> None:
@@ -274,6 +291,62 @@ def _add_policy(sub: Any) -> None:
     )
     _common.add_verbose_argument(p)
     p.set_defaults(func=run_policy)
+
+
+def _add_store(sub: Any) -> None:
+    p = sub.add_parser(
+        "store",
+        help="commit cost by number of participants, and a writer's cost by number of files (local, S3)",
+        description=(
+            "Time, storage calls and S3 requests per participant of one commit, and per file of one writer, "
+            "as the counts grow: linear growth shows as flat per-item columns."
+        ),
+        epilog=STORE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--participants",
+        type=_counts_csv,
+        default=[16, 256, 4096],
+        metavar="N,...",
+        help="participant counts (default 16,256,4096; 0 for none)",
+    )
+    p.add_argument(
+        "--files", type=_counts_csv, default=[2000, 8000], metavar="N,...", help="file counts (default 2000,8000)"
+    )
+    p.add_argument(
+        "--threads", type=int, default=8, metavar="N", help="participants (or files) written at a time (default 8)"
+    )
+    p.add_argument(
+        "--destinations",
+        type=_csv,
+        default=["local", "s3"],
+        metavar="LIST",
+        help="comma list of: local (scratch dir on disk), s3 (moto server on loopback); default local,s3",
+    )
+    p.add_argument(
+        "--scratch-dir", default=None, metavar="DIR", help="where the local destination lives (default: temp dir)"
+    )
+    p.add_argument("--quick", action="store_true", help="tiny run for a smoke test: 2,4 participants, 10,20 files")
+    p.add_argument(
+        "--out-dir",
+        default=DEFAULT_OUT_DIR,
+        metavar="DIR",
+        help=f"where results are written (default {DEFAULT_OUT_DIR})",
+    )
+    _common.add_verbose_argument(p)
+    p.set_defaults(func=run_store)
+
+
+def _counts_csv(text: str) -> list[int]:
+    """Comma-separated counts; 0 alone means none."""
+    try:
+        values = [int(x) for x in _csv(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected counts >= 0, got {text!r}")
+    return [v for v in values if v > 0]
 
 
 def _int_csv(text: str) -> list[int]:
@@ -586,4 +659,43 @@ def run_policy(args: argparse.Namespace) -> int:
     policy_plot(points, out.with_suffix(".png"))
     print(markdown)
     print(f"wrote {out}, {out.with_suffix('.md')}, {out.with_suffix('.png')}", file=sys.stderr)
+    return _common.EXIT_OK
+
+
+def run_store(args: argparse.Namespace) -> int:
+    from rlckpt.bench.harness import destinations, run_metadata
+    from rlckpt.bench.report import write_json
+    from rlckpt.bench.store_scale import ScalePoint, StoreScaleConfig, result_document, run_sweep, scale_tables
+
+    unknown = set(args.destinations) - {"local", "s3"}
+    if unknown:
+        raise SystemExit(f"rlckpt bench store: unknown destinations {sorted(unknown)} (use local, s3)")
+    if args.threads < 1:
+        raise SystemExit(f"rlckpt bench store: --threads must be >= 1, got {args.threads}")
+    config = StoreScaleConfig(
+        participants=[2, 4] if args.quick else args.participants,
+        files=[10, 20] if args.quick else args.files,
+        threads=args.threads,
+    )
+    meta = run_metadata(_command_line())
+
+    def show(p: ScalePoint) -> None:
+        per = p.per_item(p.commit)
+        print(
+            f"  {p.destination:<8} {p.count:>6} {p.kind:<12} work {p.work.seconds:8.2f} s  "
+            f"commit {p.commit.seconds:8.3f} s ({per['us']:8.1f} µs each, {p.commit.calls} calls)",
+            file=sys.stderr,
+        )
+
+    with destinations(args.destinations, scratch_root=args.scratch_dir) as dests:
+        points = run_sweep(config, dests.destinations, on_point=show)
+    out = Path(args.out_dir)
+    write_json(out / "store_scale.json", result_document(points, config, meta))
+    markdown = scale_tables(points, config.threads)
+    (out / "store_scale.md").write_text(
+        f"Command: `{meta['command']}` ({meta['date_utc']}, commit {meta.get('git_commit')}, "
+        f"load average at start {meta.get('load_average_1m', 0):.1f})\n\n" + markdown
+    )
+    print(markdown)
+    print(f"wrote {out}/store_scale.json, .md", file=sys.stderr)
     return _common.EXIT_OK

@@ -17,6 +17,7 @@ from .backends import Backend
 from .compression import DEFAULT_LEVEL, check_compression
 from .digest import HashingWriter
 from .manifest import FileEntry
+from .path_set import PathSet
 from .paths import join_relpath, step_dirname, validate_relpath
 from .storage_errors import describe_cause, unavailable_as_store_error
 
@@ -40,6 +41,7 @@ class FileWriter:
         self._files: dict[str, FileEntry] = {}
         self._open: dict[str, HashingWriter] = {}
         self._copying: set[str] = set()  # fast-path copies in flight
+        self._paths = PathSet()  # every name above: written, open or being copied
         self._lock = threading.Lock()
         self._state = "open"
 
@@ -67,17 +69,20 @@ class FileWriter:
             raise TransactionStateError(f"{self.who} of step {self.step} (txid {self.txid}) is already {self._state}")
 
     def _reserve(self, relpath: str) -> None:
-        """Refuse duplicates and file/directory clashes before any byte of `relpath` is written."""
-        taken = set(self._files) | set(self._open) | self._copying
-        if relpath in taken:
+        """Refuse duplicates and file/directory clashes before any byte of `relpath` is written (the
+        caller holds the lock). O(depth of the path), however many files were written before."""
+        clash = self._paths.add(relpath)
+        if clash is None:
+            return
+        if clash.duplicate:
             raise InvalidPathError(f"{relpath!r} was already written in step {self.step}")
-        parts = relpath.split("/")
-        for i in range(1, len(parts)):
-            if "/".join(parts[:i]) in taken:
-                raise InvalidPathError(f"{relpath!r} lies under {'/'.join(parts[:i])!r}, a file of step {self.step}")
-        prefix = relpath + "/"
-        if any(other.startswith(prefix) for other in taken):
-            raise InvalidPathError(f"{relpath!r} is a directory of other files in step {self.step}")
+        if relpath.startswith(clash.other + "/"):
+            raise InvalidPathError(f"{relpath!r} lies under {clash.other!r}, a file of step {self.step}")
+        raise InvalidPathError(f"{relpath!r} is a directory of other files in step {self.step}")
+
+    def _release(self, relpath: str) -> None:
+        """A write of `relpath` that failed or was discarded frees its name (the caller holds the lock)."""
+        self._paths.remove(relpath)
 
     # --- writing --------------------------------------------------------------------------------
     def open(self, relpath: str, compression: str | None = None, level: int = DEFAULT_LEVEL) -> BinaryIO:
@@ -87,8 +92,12 @@ class FileWriter:
         with self._lock:
             self._check_open()
             self._reserve(relpath)
-            with self._storage(f"opening {relpath}"):
-                raw = self.backend.open_write(f"{self._data_root}/{relpath}")
+            try:
+                with self._storage(f"opening {relpath}"):
+                    raw = self.backend.open_write(f"{self._data_root}/{relpath}")
+            except BaseException:
+                self._release(relpath)
+                raise
             writer = HashingWriter(
                 raw, relpath, self._on_close, compression=compression, level=level, guard=self._storage
             )
@@ -100,11 +109,18 @@ class FileWriter:
             self._open.pop(writer.relpath, None)
             live = self._state == "open"
         keep = entry is not None and live
-        with self._storage(f"{'finishing' if keep else 'discarding'} {writer.relpath}"):
-            self.backend.finish_write(writer.raw, f"{self._data_root}/{writer.relpath}", ok=keep)
-        if keep:
+        try:
+            with self._storage(f"{'finishing' if keep else 'discarding'} {writer.relpath}"):
+                self.backend.finish_write(writer.raw, f"{self._data_root}/{writer.relpath}", ok=keep)
+        except BaseException:
+            keep = False
+            raise
+        finally:
             with self._lock:
-                self._files[writer.relpath] = entry  # type: ignore[assignment]
+                if keep:
+                    self._files[writer.relpath] = entry  # type: ignore[assignment]
+                else:
+                    self._release(writer.relpath)
 
     def write_bytes(self, relpath: str, data: bytes, compression: str | None = None) -> FileEntry:
         """Write a whole file from memory."""
@@ -137,15 +153,23 @@ class FileWriter:
         try:
             with self._storage(f"copying {relpath}"):
                 entry = self.backend.copy_in(local_path, path)
+        except InvalidPathError:
+            with self._lock:  # another writer's file or directory is in the way: it is not ours to remove
+                self._copying.discard(relpath)
+                self._release(relpath)
+            raise
         except BaseException:
             with self._lock:
                 self._copying.discard(relpath)
+                self._release(relpath)
             with contextlib.suppress(Exception):  # the abort's discard removes it otherwise
-                self.backend.remove_tree(path)
+                self.backend.remove_file(path)
             raise
         with self._lock:
             self._copying.discard(relpath)
-            if entry is not None:
+            if entry is None:
+                self._release(relpath)  # no faster route: the caller streams it, reserving it again
+            else:
                 self._check_open()
                 self._files[relpath] = entry
         return entry
@@ -176,13 +200,15 @@ class FileWriter:
         return {rel: entry for (rel, _full), entry in zip(jobs, results, strict=True)}
 
     # --- ending ---------------------------------------------------------------------------------
-    def _finished_files(self) -> dict[str, FileEntry]:
-        """The files written, once none is still being written."""
+    def _close_writes(self, state: str) -> dict[str, FileEntry]:
+        """Move to `state` (committing, sealing) once no file is still being written, so that no write
+        can begin while the writer's files are checked and published; the files written."""
         with self._lock:
             self._check_open()
             if self._open or self._copying:
                 still = sorted(set(self._open) | self._copying)
                 raise TransactionStateError(f"{self.who} of step {self.step}: files still open: {still}")
+            self._state = state
             return dict(self._files)
 
     def _stop(self, state: str) -> list[HashingWriter]:

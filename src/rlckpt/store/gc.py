@@ -23,7 +23,7 @@ from rlckpt.errors import CorruptBundleError, UncommittedBundleError
 from .backends import Backend
 from .bundle import Bundle
 from .claims import Claims, IntentRead
-from .commit_check import load_checked_manifest
+from .commit_check import committed_txid, load_checked_manifest
 from .inventory import Inventory
 from .paths import TMP_DIR, TXN_DIR, parse_step_dirname, step_dirname
 
@@ -37,6 +37,7 @@ REMOVE_INTENT = "remove_intent"  # an intent left beside a committed step, or on
 REMOVE_ORPHAN_STEP = "remove_orphan_step"  # step data with no COMMIT and no intent
 REMOVE_FOREIGN_DATA = "remove_foreign_data"  # another transaction's data beside a bundle or a live writer
 REMOVE_STAGING = "remove_staging"  # a local staging dir no intent names
+REMOVE_ROSTER = "remove_roster"  # the participants' roster of a transaction that is not running
 REMOVE_LEFTOVER = "remove_leftover"  # an old probe key or intent temp file
 ABORT_UPLOAD = "abort_upload"  # an incomplete multipart upload of no live transaction
 
@@ -110,7 +111,7 @@ class GarbageCollector:
         live_steps = {read.step for read in live if read.step is not None}
         named_txids = {read.txid for read in intents if read.txid}
 
-        owners = self._plan_retention(plan, inv, keep_last)
+        owners, doomed = self._plan_retention(plan, inv, keep_last)
         owners.update({read.step: read.txid for read in live if read.step is not None and read.txid})
         for step, owner in sorted(owners.items()):
             for path in self.backend.foreign_data(inv, step, owner):
@@ -122,6 +123,7 @@ class GarbageCollector:
         for read in intents:
             if read.path in stale:
                 self._plan_dead(plan, inv, read, stale[read.path])
+        plan.actions.extend(doomed)  # after the intents: retention holds each step's claim while it deletes
         for step in sorted(inv.steps):
             if not inv.committed_marker(step) and step not in claimed_steps:
                 plan.actions.append(
@@ -137,6 +139,11 @@ class GarbageCollector:
                 plan.actions.append(
                     GcAction(REMOVE_STAGING, self.backend.path(TMP_DIR, name), txid=name, reason="no intent names it")
                 )
+        live_txids = {read.txid for read in live if read.txid}
+        for txid in sorted(inv.rosters - live_txids):  # a dead transaction's goes after its intent, re-checked
+            plan.actions.append(
+                GcAction(REMOVE_ROSTER, self.backend.path(TXN_DIR, txid), txid=txid, reason="no live transaction")
+            )
         now = time.time()
         for path, mtime in sorted({**inv.probes, **inv.intent_temps}.items()):
             if mtime is None or now - mtime >= min(stale_after, LEFTOVER_GRACE):
@@ -166,10 +173,13 @@ class GarbageCollector:
     def _stale(self, read: IntentRead, stale_after: float) -> str | None:
         return self.claims.stale_reason(read, stale_after)
 
-    def _plan_retention(self, plan: GcPlan, inv: Inventory, keep_last: int | None) -> dict[int, str]:
+    def _plan_retention(
+        self, plan: GcPlan, inv: Inventory, keep_last: int | None
+    ) -> tuple[dict[int, str], list[GcAction]]:
         """Newest first: the first `keep_last` bundles that fully verify are kept, everything older that passes
         the commit check is deleted; a bundle that fails is corrupt, kept and reported, never counted.
-        Returns the txid of every kept bundle by step (their steps' other data is debris)."""
+        Returns the txid of every kept bundle by step (their steps' other data is debris) and the
+        deletions, oldest first."""
         owners: dict[int, str] = {}
         doomed: list[GcAction] = []
         candidates = [step for step in inv.steps if inv.committed_marker(step)]
@@ -191,13 +201,18 @@ class GarbageCollector:
                 owners[step] = manifest.txid
             else:
                 doomed.append(
-                    GcAction(DELETE_BUNDLE, where, step=step, reason=f"older than the {keep_last} newest good bundles")
+                    GcAction(
+                        DELETE_BUNDLE,
+                        where,
+                        step=step,
+                        txid=manifest.txid,
+                        reason=f"older than the {keep_last} newest good bundles",
+                    )
                 )
-        plan.actions.extend(reversed(doomed))  # oldest first
         for step, what in inv.irregular_steps().items():
             plan.corrupt.setdefault(step, f"step {step} at {self.url}: {what}")
         plan.kept_steps.sort()
-        return owners
+        return owners, doomed[::-1]
 
     def _plan_dead(self, plan: GcPlan, inv: Inventory, read: IntentRead, reason: str) -> None:
         if read.step is None or inv.committed_marker(read.step):
@@ -264,8 +279,22 @@ class GarbageCollector:
             report.removed.extend(removed)
 
     # Each _apply_* returns the paths it removed, or a string saying why it was skipped.
-    def _apply_delete_bundle(self, action: GcAction, plan: GcPlan) -> list[str]:
-        self.backend.delete_bundle(step_dirname(action.step))  # type: ignore[arg-type]
+    def _apply_delete_bundle(self, action: GcAction, plan: GcPlan) -> list[str] | str:
+        """Delete the bundle the plan decided on, holding the step's claim while it goes: on an object store
+        the deletion is several requests (COMMIT, then the rest), and a writer that committed the step
+        again in between would lose its new bundle to the second one. Skipped if the step is held, or its
+        COMMIT no longer names the transaction planned for deletion."""
+        step: int = action.step  # type: ignore[assignment]
+        held = self._hold(step)
+        if held is None:
+            return "a writer holds the step"
+        try:
+            current = committed_txid(self.backend, step)
+            if current != action.txid:
+                return "its COMMIT is gone" if current is None else "the step was committed again since the plan"
+            self.backend.delete_bundle(step_dirname(step))
+        finally:
+            self.claims.release(step, held)
         return [action.target]
 
     def _apply_remove_intent(self, action: GcAction, plan: GcPlan) -> list[str] | str:
@@ -321,6 +350,13 @@ class GarbageCollector:
         return [action.target]
 
     def _apply_remove_staging(self, action: GcAction, plan: GcPlan) -> list[str] | str:
+        named = {read.txid for read in self._read_intents(Inventory())}
+        if action.txid in named:
+            return "an intent names it now"
+        self.backend.remove_tree(action.target)
+        return [action.target]
+
+    def _apply_remove_roster(self, action: GcAction, plan: GcPlan) -> list[str] | str:
         named = {read.txid for read in self._read_intents(Inventory())}
         if action.txid in named:
             return "an intent names it now"

@@ -31,6 +31,7 @@ class Inventory:
     intents: dict[str, float | None] = field(default_factory=dict)  # _txn/step_<N>.json paths -> mtime
     intent_temps: dict[str, float | None] = field(default_factory=dict)  # leftovers of atomic intent writes
     tmp_dirs: dict[str, dict[str, int]] = field(default_factory=dict)  # staging dir name -> {path: size}
+    rosters: set[str] = field(default_factory=set)  # txids with a roster `_txn/<txid>/` (participants)
     probes: dict[str, float | None] = field(default_factory=dict)  # create-exclusive probe keys -> mtime
     quarantined: set[str] = field(default_factory=set)  # names under _quarantine/
     irregular: dict[str, str] = field(default_factory=dict)  # run-relative path -> kind (never followed)
@@ -67,6 +68,8 @@ def group(listed: Iterable[ListedPath], root: str) -> Inventory:
             files = inv.steps.setdefault(step, {})
             if rest and item.kind == FILE:
                 files[rest] = item.size
+        elif head == TXN_DIR and rest and ("/" in rest or item.kind == DIRECTORY):
+            inv.rosters.add(rest.split("/", 1)[0])
         elif head == TXN_DIR and rest and item.kind == FILE:
             full = f"{root}/{item.rel}"
             if "/" not in rest and rest.startswith("."):

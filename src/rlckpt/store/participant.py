@@ -9,13 +9,14 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlckpt.errors import BundleExistsError, InvalidPathError, TransactionStateError
+from rlckpt.errors import BundleExistsError, InvalidPathError, ParticipantError, TransactionStateError
 
 from .backends import Backend
 from .claims import Claims
 from .files import FileWriter
 from .manifest import FileEntry, parse_file_entry
 from .paths import is_txid, validate_relpath, validate_step
+from .roster import Roster
 from .storage_errors import unavailable_as_store_error
 
 log = logging.getLogger(__name__)
@@ -61,26 +62,51 @@ class Receipt:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Receipt:
-        if (
-            not is_txid(obj.get("txid"))
-            or not is_txid(obj.get("participant"))
-            or not isinstance(obj.get("files"), dict)
-        ):
-            raise ValueError(f"not a receipt: {obj!r}")
+        """Parse a receipt, each entry exactly as the manifest reader parses it (ValueError naming what is wrong)."""
+        if not isinstance(obj, dict):
+            raise ValueError(f"a receipt is a JSON object, got {type(obj).__name__}")
+        for key in ("txid", "participant"):
+            if not is_txid(obj.get(key)):
+                raise ValueError(f"receipt has a bad {key}: {obj.get(key)!r:.80}")
+        if not isinstance(obj.get("files"), dict):
+            raise ValueError(f"receipt 'files' is not an object: {type(obj.get('files')).__name__}")
         files = {validate_relpath(rel): parse_file_entry(rel, raw) for rel, raw in obj["files"].items()}
         return cls(obj["txid"], obj["participant"], files)
 
 
+def checked_receipt(receipt: object, where: str) -> Receipt:
+    """`receipt` as a reader of the manifest will see its entries, or ParticipantError. Receipts reach
+    the coordinator as objects (over Ray, unpickled), so commit parses each one through its JSON form:
+    the very check `Receipt.from_json` and the manifest reader make, not a copy of it."""
+    if not isinstance(receipt, Receipt):
+        raise ParticipantError(f"{where}: {type(receipt).__name__} is not a Receipt; nothing committed")
+    try:
+        return Receipt.from_json(receipt.to_json())
+    except (AttributeError, TypeError, ValueError) as exc:  # InvalidPathError is a ValueError
+        raise ParticipantError(
+            f"{where}: the receipt of participant {receipt.participant!r:.80} is malformed: {exc}; nothing committed"
+        ) from exc
+
+
 class ParticipantWriter(FileWriter):
     """One participant's writer in a transaction it does not coordinate. Its files are part of the bundle
-    only if its receipt reaches the coordinator's commit."""
+    only if its receipt reaches the coordinator's commit; until it seals (or aborts) the commit waits for
+    nothing but refuses (roster.py)."""
 
     def __init__(
-        self, backend: Backend, claims: Claims, url: str, handle: TransactionHandle, participant: str, max_workers: int
+        self,
+        backend: Backend,
+        claims: Claims,
+        url: str,
+        handle: TransactionHandle,
+        participant: str,
+        max_workers: int,
+        roster: Roster,
     ) -> None:
         super().__init__(backend, url, handle.step, handle.txid, max_workers, who=f"participant {participant}")
         self.claims = claims
         self.participant = participant
+        self.roster = roster
 
     def __enter__(self) -> ParticipantWriter:
         return self
@@ -96,30 +122,41 @@ class ParticipantWriter(FileWriter):
             TransactionStateError: files are still open, or the transaction no longer holds its step (it
                 was aborted or taken over): the files are discarded and no receipt is given.
         """
-        files = self._finished_files()
+        files = self._close_writes("sealing")
         try:
             with unavailable_as_store_error(self.url, f"sealing {self.who} of step {self.step}"):
                 self.claims.assert_owner(self.step, self.txid)
+                self.roster.seal(self.participant)
         except BundleExistsError as exc:
             self.abort()
             raise TransactionStateError(
                 f"{self.who}: transaction {self.txid} of step {self.step} is not running any more ({exc})"
             ) from exc
+        except BaseException:
+            self.abort()
+            raise
         self._stop("sealed")
         log.info("%s sealed %d files of step %s (txid %s)", self.who, len(files), self.step, self.txid)
         return Receipt(self.txid, self.participant, files)
 
     def abort(self) -> None:
-        """Remove what this participant wrote (best effort; gc removes what is left with the transaction)."""
+        """Remove what this participant wrote, then leave the roster (best effort; gc removes what is left
+        with the transaction). A sealed participant's files belong to the commit: nothing is removed."""
         with self._lock:
-            if self._state != "open":
+            if self._state not in ("open", "sealing"):
                 return
         self._discard_open(self._stop("aborted"))
         for rel in sorted(self._files):
             try:
-                self.backend.remove_tree(f"{self._data_root}/{rel}")
+                self.backend.remove_file(f"{self._data_root}/{rel}")  # only the file: a path under it is not ours
+            except FileNotFoundError:
+                pass
             except Exception:
                 log.warning("%s: removing %s failed", self.who, rel, exc_info=True)
+        try:
+            self.roster.leave(self.participant)
+        except Exception:
+            log.warning("%s: leaving the roster of step %s failed", self.who, self.step, exc_info=True)
 
 
 def validate_participant(name: object) -> str:

@@ -59,7 +59,9 @@ def validate_relpath(relpath: object, *, allow_reserved: bool = False) -> str:
     """Return `relpath` if it is a safe POSIX relative path inside a bundle; raise InvalidPathError otherwise.
 
     Refused: non-strings, empty, absolute, backslashes, NUL, `.`/`..`/empty segments, trailing slash,
-    and (unless allow_reserved) the reserved top-level names manifest.json and COMMIT.
+    and (unless allow_reserved) the reserved top-level names manifest.json and COMMIT and anything under
+    them: on local disk those names must stay free in the staging dir for the bundle's own metadata,
+    and every backend refuses the same paths.
     """
     if not isinstance(relpath, str):
         raise InvalidPathError(f"relative path must be a str, got {relpath!r}")
@@ -74,8 +76,10 @@ def validate_relpath(relpath: object, *, allow_reserved: bool = False) -> str:
     for part in relpath.split("/"):
         if part in ("", ".", ".."):
             raise InvalidPathError(f"relative path {relpath!r} has an empty, '.' or '..' segment")
-    if not allow_reserved and relpath in RESERVED_NAMES:
-        raise InvalidPathError(f"relative path {relpath!r} is reserved for the bundle's own metadata")
+    head = relpath.split("/", 1)[0]
+    if not allow_reserved and head in RESERVED_NAMES:
+        what = "is" if head == relpath else f"lies under {head!r}, which is"
+        raise InvalidPathError(f"relative path {relpath!r} {what} reserved for the bundle's own metadata")
     return relpath
 
 

@@ -30,7 +30,8 @@ from .intent import DEFAULT_STALE_AFTER
 from .inventory import Inventory
 from .location import open_location
 from .participant import ParticipantWriter, TransactionHandle, validate_participant
-from .paths import COMMIT_NAME, MANIFEST_NAME, step_dirname, validate_step
+from .paths import COMMIT_NAME, MANIFEST_NAME, is_txid, step_dirname, validate_step
+from .roster import Roster
 from .storage_errors import unavailable_as_store_error
 from .transaction import BundleTransaction
 
@@ -183,20 +184,32 @@ class BundleStore:
         return cls(handle.url, handle.storage_options, **store_kwargs).participant(handle, participant)
 
     def participant(self, handle: TransactionHandle, participant: str) -> ParticipantWriter:
-        """Join a running transaction of this store as `participant` (see `join`)."""
+        """Join a running transaction of this store as `participant` (see `join`).
+
+        The participant enters the transaction's roster before it checks that the transaction runs, so a
+        commit under way either sees it (and refuses until it seals) or it sees the commit and does not
+        join (roster.py)."""
         validate_participant(participant)
         validate_step(handle.step)
+        if not is_txid(handle.txid):
+            raise TransactionStateError(f"not a transaction id: {handle.txid!r:.80}")
         who = f"participant {participant}"
+        roster = Roster(self.backend, self.url, handle.step, handle.txid)
         with unavailable_as_store_error(self.url, f"joining step {handle.step} as {who}"):
-            holder = self.claims.read(handle.step)
-            if holder is None or holder.txid != handle.txid:
-                held = holder.describe() if holder else "nobody: it ended"
-                raise TransactionStateError(
-                    f"{who} cannot join transaction {handle.txid} of step {handle.step} at {self.url}: "
-                    f"it is not running (step held by {held})"
-                )
-            self.backend.check_joinable(step_dirname(handle.step), handle.txid, who)
-        return ParticipantWriter(self.backend, self.claims, self.url, handle, participant, self.max_workers)
+            roster.join(participant)
+            try:
+                holder = self.claims.read(handle.step)
+                if holder is None or holder.txid != handle.txid:
+                    held = holder.describe() if holder else "nobody: it ended"
+                    raise TransactionStateError(
+                        f"{who} cannot join transaction {handle.txid} of step {handle.step} at {self.url}: "
+                        f"it is not running (step held by {held})"
+                    )
+                self.backend.check_joinable(step_dirname(handle.step), handle.txid, who)
+            except BaseException:
+                roster.leave(participant)
+                raise
+        return ParticipantWriter(self.backend, self.claims, self.url, handle, participant, self.max_workers, roster)
 
     def _quarantine_if_corrupt(self, step: int, txid: str) -> bool:
         """With the step claimed: verify its bundle fully; if it fails, move it aside. True if moved."""

@@ -5,16 +5,26 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Collection, Iterable
 from typing import Any
 
-from rlckpt.errors import ParticipantError, TransactionStateError
+from rlckpt.errors import (
+    CorruptBundleError,
+    LostWriteError,
+    ParticipantError,
+    TransactionStateError,
+    UnreadableBundleError,
+)
 
 from .backends import Backend
 from .claims import Claims
+from .commit_check import check_records, listing_problem
 from .files import FileWriter
 from .manifest import CommitMarker, FileEntry, Manifest, canonical_json, sha256_hex
-from .participant import Receipt, TransactionHandle
+from .participant import Receipt, TransactionHandle, checked_receipt
+from .path_set import PathSet
+from .roster import Roster, RosterState
 from .storage_errors import unavailable_as_store_error
 
 log = logging.getLogger(__name__)
@@ -36,6 +46,7 @@ class BundleTransaction(FileWriter):
     ) -> None:
         super().__init__(backend, url, step, txid, max_workers, who="transaction")
         self.claims = claims
+        self.roster = Roster(backend, url, step, txid)
         self.storage_options = dict(storage_options or {})
 
     def __enter__(self) -> BundleTransaction:
@@ -68,8 +79,12 @@ class BundleTransaction(FileWriter):
     ) -> Manifest:
         """Publish the bundle: the coordinator's files and every participant's, as one manifest and COMMIT.
 
-        The claim is re-checked, every file is seen in place with its size, then manifest.json and COMMIT
-        go out (atomically visible). Any refusal aborts the whole transaction: nothing is published.
+        Everything a reader will check is checked first, on what is about to be published: every receipt
+        entry, path clashes, the manifest's and COMMIT's caps and form, then (roster closed, every joined
+        participant sealed, claim re-checked) the listing: every file in place with its size, nothing
+        else. Only then do manifest.json and COMMIT go out (atomically visible). Any refusal aborts the
+        whole transaction: nothing is published. File contents are not read again: a receipt's digests
+        are its participant's word, checked by every read and by `Bundle.verify`.
 
         Args:
             metadata: JSON-able user metadata for the manifest.
@@ -79,18 +94,41 @@ class BundleTransaction(FileWriter):
             The committed manifest.
         Raises:
             TransactionStateError: files are still open, or the transaction already ended.
-            ParticipantError: a participant missing, duplicated or unexpected, a receipt of another
-                transaction, or a path written twice.
+            ParticipantError: a participant missing, duplicated, unexpected or not sealed (one that joined
+                may still write), a receipt of another transaction or malformed, a path written twice or a
+                file where another path needs a directory.
+            UnreadableBundleError: readers would refuse the manifest (over its cap: too many files or
+                too much metadata).
             BundleExistsError: the claim was lost, or another writer committed the step.
             LostWriteError: a written file is missing, resized, or joined by a stranger.
         """
+        own = self._close_writes("committing")  # no write of the coordinator's can begin from here on
         try:
-            files = self._merge(self._finished_files(), list(receipts), participants)
-            meta = dict(metadata or {})
-            canonical_json(meta)  # refuse non-JSON metadata before anything is published
-        except (ParticipantError, TypeError, ValueError):
-            self.abort()
+            manifest, roster = self._publish(own, metadata, list(receipts), participants)
+        except BaseException:
+            try:
+                self.abort()
+            except Exception:
+                log.warning("abort after a refused commit of step %s failed", self.step, exc_info=True)
             raise
+        self._stop("committed")
+        self.claims.release(self.step, self.txid, committed=True)
+        self.roster.remove(roster)
+        log.info("committed step %s (%d files, txid %s) at %s", self.step, len(manifest.files), self.txid, self.url)
+        return manifest
+
+    def _publish(
+        self,
+        own: dict[str, FileEntry],
+        metadata: dict[str, Any] | None,
+        receipts: list[Receipt],
+        participants: Collection[str] | None,
+    ) -> tuple[Manifest, RosterState]:
+        where = f"step {self.step} (txid {self.txid}) at {self.url}"
+        receipts = [checked_receipt(r, where) for r in receipts]
+        files = self._merge(own, receipts, participants, where)
+        meta = dict(metadata or {})
+        canonical_json(meta)  # TypeError/ValueError: non-JSON metadata, before anything is published
         manifest = Manifest(
             step=self.step,
             txid=self.txid,
@@ -99,42 +137,76 @@ class BundleTransaction(FileWriter):
             metadata=meta,
         )
         manifest_bytes = manifest.to_bytes()
-        marker = CommitMarker(step=self.step, txid=self.txid, manifest_sha256=sha256_hex(manifest_bytes))
+        marker = CommitMarker(step=self.step, txid=self.txid, manifest_sha256=sha256_hex(manifest_bytes)).to_bytes()
         try:
-            with self._storage("committing"):
-                self.claims.assert_owner(self.step, self.txid)
-                self.backend.publish(self._step_dir, self.txid, manifest_bytes, marker.to_bytes(), files)
-        except BaseException:
-            try:
-                self.abort()
-            except Exception:
-                log.warning("abort after failed commit of step %s failed", self.step, exc_info=True)
-            raise
-        self._stop("committed")
-        self.claims.release(self.step, self.txid, committed=True)
-        log.info("committed step %s (%d files, txid %s) at %s", self.step, len(files), self.txid, self.url)
-        return manifest
+            check_records(self.step, marker, manifest_bytes, where)  # what every reader decides, on these bytes
+        except CorruptBundleError as exc:
+            raise UnreadableBundleError(
+                f"{exc}: readers would refuse this bundle ({len(files)} files, "
+                f"{len(canonical_json(meta))} bytes of metadata); nothing committed"
+            ) from exc
+        with self._storage("committing"):
+            roster = self.roster.close()
+            self._check_roster(roster, receipts, where)
+            self.claims.assert_owner(self.step, self.txid)
+            problem = listing_problem(files, self.backend.written_view(self._step_dir, self.txid))
+            if problem is not None:
+                raise LostWriteError(
+                    f"{where}: {problem}: the transaction's files changed behind its back (removed, replaced "
+                    "or added by gc or another writer?); nothing committed"
+                )
+            self.backend.make_visible(self._step_dir, self.txid, manifest_bytes, marker)
+        return manifest, roster
+
+    @staticmethod
+    def _check_roster(roster: RosterState, receipts: list[Receipt], where: str) -> None:
+        """Every participant that joined has sealed (none can write into the bundle once it is
+        committed), and sent its receipt here; every receipt comes from a participant that sealed."""
+        if roster.unsealed:
+            raise ParticipantError(
+                f"{where}: participant(s) {roster.unsealed[:10]} joined and have not sealed (still writing, or "
+                "failed without aborting); nothing committed"
+            )
+        sent = {r.participant for r in receipts}
+        unsent, unsealed = sorted(roster.sealed - sent), sorted(sent - roster.sealed)
+        if unsent:
+            raise ParticipantError(
+                f"{where}: participant(s) {unsent[:10]} sealed but their receipts are not among those committed; "
+                "nothing committed"
+            )
+        if unsealed:
+            raise ParticipantError(
+                f"{where}: receipt(s) of participant(s) {unsealed[:10]}, which never sealed in this transaction; "
+                "nothing committed"
+            )
 
     def _merge(
-        self, own: dict[str, FileEntry], receipts: list[Receipt], participants: Collection[str] | None
+        self,
+        own: dict[str, FileEntry],
+        receipts: list[Receipt],
+        participants: Collection[str] | None,
+        where: str,
     ) -> dict[str, FileEntry]:
-        """The coordinator's files and the receipts' as one file set; ParticipantError on any disagreement."""
-        where = f"step {self.step} (txid {self.txid})"
-        names = [r.participant for r in receipts]
-        duplicated = sorted({n for n in names if names.count(n) > 1})
+        """The coordinator's files and the receipts' as one file set; ParticipantError on any disagreement.
+        Linear in the number of receipts and files."""
+        counts = Counter(r.participant for r in receipts)
+        duplicated = sorted(n for n, c in counts.items() if c > 1)
         if duplicated:
             raise ParticipantError(
                 f"{where}: participant {duplicated[0]} sent more than one receipt; nothing committed"
             )
         if participants is not None:
-            missing, unexpected = sorted(set(participants) - set(names)), sorted(set(names) - set(participants))
+            expected = set(participants)
+            missing, unexpected = sorted(expected - counts.keys()), sorted(counts.keys() - expected)
             if missing:
                 raise ParticipantError(f"{where}: no receipt from participant(s) {missing}; nothing committed")
             if unexpected:
                 raise ParticipantError(
                     f"{where}: receipt(s) from unexpected participant(s) {unexpected}; nothing committed"
                 )
-        owner = {rel: "the coordinator" for rel in own}
+        paths = PathSet()
+        for rel in own:
+            paths.add(rel, "the coordinator")
         merged = dict(own)
         for receipt in receipts:
             if receipt.txid != self.txid:
@@ -142,13 +214,18 @@ class BundleTransaction(FileWriter):
                     f"{where}: participant {receipt.participant} sent a receipt of transaction {receipt.txid}; "
                     "nothing committed"
                 )
+            writer = f"participant {receipt.participant}"
             for rel, entry in receipt.files.items():
-                if rel in owner:
+                clash = paths.add(rel, writer)
+                if clash is not None and clash.duplicate:
                     raise ParticipantError(
-                        f"{where}: {rel} was written by {owner[rel]} and by participant {receipt.participant}; "
-                        "nothing committed"
+                        f"{where}: {rel} was written by {clash.other_owner} and by {writer}; nothing committed"
                     )
-                owner[rel] = f"participant {receipt.participant}"
+                if clash is not None:
+                    raise ParticipantError(
+                        f"{where}: {clash.describe()} ({rel!r} written by {writer}, {clash.other!r} by "
+                        f"{clash.other_owner}); nothing committed"
+                    )
                 merged[rel] = entry
         return merged
 
@@ -164,4 +241,5 @@ class BundleTransaction(FileWriter):
         with unavailable_as_store_error(self.url, f"aborting step {self.step}"):
             self.backend.discard(self._step_dir, self.txid)
         self.claims.release(self.step, self.txid)
+        self.roster.remove()
         log.info("aborted step %s (txid %s) at %s", self.step, self.txid, self.url)

@@ -7,15 +7,15 @@ Paths are full filesystem paths (`root/...`, no protocol); `root` is the run dir
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from rlckpt.errors import LostWriteError, OversizedObjectError
+from rlckpt.errors import OversizedObjectError
 
 from ..inventory import Inventory, ListedPath, group
 from ..manifest import FileEntry
-from ..paths import COMMIT_NAME, MANIFEST_NAME, RESERVED_NAMES
+from ..paths import COMMIT_NAME, MANIFEST_NAME
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,11 @@ class Backend(abc.ABC):
         """Write a small object whole, only if it does not exist (FileExistsError if it does). Readers never
         see it partly written."""
 
+    def create_marker(self, path: str, data: bytes) -> None:
+        """Create a small object only if it does not exist (FileExistsError if it does), without the
+        durability of create_exclusive: markers coordinate live processes, and a crash leaves debris."""
+        self.create_exclusive(path, data)
+
     @abc.abstractmethod
     def exists(self, path: str) -> bool:
         """Whether an object (or, locally, any directory entry, symlinks included) is at `path`."""
@@ -107,6 +112,12 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def remove_tree(self, path: str) -> None:
         """Delete everything at and under `path` (a missing path is fine); never follows a symlink."""
+
+    def remove_listed(self, path: str, rels: Iterable[str]) -> None:
+        """Delete directory/prefix `path`, whose files `rels` (relative to it) a listing just found.
+        Object stores delete exactly those keys, in batches, without listing again (what appeared since
+        stays for gc); local disk removes the directory."""
+        self.remove_tree(path)
 
     # --- bundle files ---------------------------------------------------------------------------
     @abc.abstractmethod
@@ -193,36 +204,10 @@ class Backend(abc.ABC):
         when the backend has none (the caller then streams it)."""
         return None
 
-    def publish(self, step_dir: str, txid: str, manifest: bytes, commit: bytes, files: Mapping[str, FileEntry]) -> None:
-        """Make the transaction's files visible as a committed bundle; BundleExistsError if another writer won.
-
-        First the data root is listed and must hold exactly `files` with their stored sizes (LostWriteError
-        otherwise): COMMIT is never published over files the writer has not seen in place."""
-        self.check_written(self.data_root(step_dir, txid), files, step_dir)
-        self.make_visible(step_dir, txid, manifest, commit)
-
-    def check_written(self, data_root: str, files: Mapping[str, FileEntry], step_dir: str) -> None:
-        """The listing of `data_root` must be exactly `files` (no missing, resized, extra or irregular file)."""
-        listing = self.list_files(data_root)
-        where = f"{step_dir} (data at {data_root})"
-        if listing.irregular:
-            rel, kind = sorted(listing.irregular.items())[0]
-            raise LostWriteError(f"{where}: {rel} is a {kind}, not a file this transaction wrote; nothing committed")
-        for rel, entry in sorted(files.items()):
-            size = listing.sizes.get(rel)
-            if size is None:
-                raise LostWriteError(
-                    f"{where}: {rel} was written but is gone (removed by gc or another writer?); nothing committed"
-                )
-            if size != entry.size:
-                raise LostWriteError(
-                    f"{where}: {rel} has {size} bytes, this transaction wrote {entry.size}; nothing committed"
-                )
-        extra = sorted(rel for rel in listing.sizes if rel not in files and rel not in RESERVED_NAMES)
-        if extra:
-            raise LostWriteError(
-                f"{where}: {extra[0]} was not written by this transaction (extra: {extra[:5]}); nothing committed"
-            )
+    def written_view(self, step_dir: str, txid: str) -> Listing:
+        """What readers will see of the bundle once transaction `txid` commits, from a listing taken now
+        where they will take theirs: the commit checks it with the readers' own listing check."""
+        return self.bundle_view(self.list_files(self.path(step_dir)), txid)
 
     @abc.abstractmethod
     def make_visible(self, step_dir: str, txid: str, manifest: bytes, commit: bytes) -> None:

@@ -7,6 +7,7 @@ through the fsspec filesystem (tests wrap it to inject faults at every call).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -19,6 +20,7 @@ from typing import Any
 
 from rlckpt.errors import (
     BundleExistsError,
+    InvalidPathError,
     IrregularFileError,
     LostWriteError,
     SharedStorageError,
@@ -239,9 +241,35 @@ class LocalBackend(Backend):
     def staged_sizes(self, inv: Inventory, step: int, txid: str) -> dict[str, int]:
         return dict(inv.tmp_dirs.get(txid, {}))
 
+    def written_view(self, step_dir: str, txid: str) -> Listing:
+        return self.bundle_view(self.list_files(self.data_root(step_dir, txid)), txid)  # renamed into place whole
+
+    def create_marker(self, path: str, data: bytes) -> None:
+        """O_EXCL: the name appears at once, atomically; no temp file, no fsync (markers need no durability)."""
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def _nothing_in_the_way(self, path: str) -> Iterator[None]:
+        """Writers of one transaction share its staging dir: a file where this path needs a directory (or
+        a directory where it needs a file) was written by another of them. That is the writers' clash,
+        refused as a bad path (an object store accepts both and the commit refuses them), not an outage."""
+        try:
+            yield
+        except (FileExistsError, NotADirectoryError, IsADirectoryError) as exc:
+            raise InvalidPathError(
+                f"{self.rel(path)} cannot be written: another writer of this transaction wrote a file where it "
+                f"needs a directory, or a directory of that name ({exc.strerror})"
+            ) from None
+
     def open_write(self, path: str) -> Any:
-        self.fs.makedirs(self.fs._parent(path), exist_ok=True)
-        return self.fs.open(path, "wb")
+        with self._nothing_in_the_way(path):
+            self.fs.makedirs(self.fs._parent(path), exist_ok=True)
+            return self.fs.open(path, "wb")
 
     def finish_write(self, raw: Any, path: str, ok: bool) -> None:
         raw.close()
@@ -252,8 +280,9 @@ class LocalBackend(Backend):
 
     def copy_in(self, local_src: str, path: str) -> FileEntry:
         """Kernel-side copy into staging, then hash what landed (what readers will get), then fsync."""
-        self.fs.makedirs(self.fs._parent(path), exist_ok=True)
-        self.fs.put_file(local_src, path)
+        with self._nothing_in_the_way(path):
+            self.fs.makedirs(self.fs._parent(path), exist_ok=True)
+            self.fs.put_file(local_src, path)
         with self.fs.open(path, "rb") as staged:
             digest, size = sha256_of_stream(staged)
         fsync_path(path)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -98,6 +98,11 @@ class ObjectBackend(Backend):
         keys = list(self._find(path))
         if keys:
             self.fs.rm(keys)
+
+    def remove_listed(self, path: str, rels: Iterable[str]) -> None:
+        keys = [f"{path}/{rel}" for rel in rels]
+        if keys:
+            self.fs.rm(keys)  # s3fs: one DeleteObjects per 1,000 keys; missing keys are fine
 
     # --- bundle files -------------------------------------------------------------------------
     def list_files(self, path: str) -> Listing:
