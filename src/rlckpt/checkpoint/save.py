@@ -253,16 +253,25 @@ class PendingSave:
         self.foreground_s = time.perf_counter() - self.started
 
     async def finish(self) -> SaveReport:
+        """``commit`` then ``retain``: the rest of a save as the schedule takes it."""
+        report = await self.commit()
+        await self.retain()
+        return report
+
+    async def commit(self) -> SaveReport:
         """Steps 2 (write) and 4-5: the policy and the data plane written side by side, then loader,
-        index, manifest and COMMIT; retention after. Nothing is committed on a failure."""
+        index, manifest and COMMIT. Nothing is committed on a failure (or a cancel), which re-raises."""
         try:
-            report = await self._write_and_commit()
+            return await self._write_and_commit()
         except BaseException as exc:
             await self.fail(exc)
             raise
+
+    async def retain(self) -> None:
+        """Retention (``keep_last``) after the commit; it never un-commits the save. Separate from
+        ``commit`` so a run that must stop within a grace period bounds the commit, not the clean-up."""
         if self.parts.keep_last:
             await _retain(self.parts.store, self.parts.keep_last)
-        return report
 
     async def fail(self, cause: BaseException) -> None:
         """Drop what the foreground holds (pins, staging dir, the staged policy) and abort the transaction."""
