@@ -132,6 +132,17 @@ class ShardedCheckpointError(CheckpointError):
     for a second save of its one transaction, an unsupported DCP mode. Names the step and the file."""
 
 
+class FinalSaveAbortedError(CheckpointError):
+    """A run asked to save and stop (SIGTERM, a deadline) ran out of its grace period before its final
+    save committed: that save was aborted (nothing of it committed, no intent or staging left) and the
+    newest committed bundle is still the resume point. Names the step, the grace and that bundle."""
+
+    def __init__(self, message: str, reason: str = "preempted", last_committed_step: int | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason  # why the run was stopping: "preempted" or "deadline"
+        self.last_committed_step = last_committed_step
+
+
 class TrainerGroupError(CheckpointError):
     """A call to the trainer ranks failed: a rank raised, died, or did not answer within its timeout.
     Names the call (and its step) and each failed rank with its cause. A failed save of the policy
