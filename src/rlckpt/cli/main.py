@@ -35,7 +35,8 @@ examples:
 
 exit codes: 0 ok, 1 corrupt bundle, 2 uncommitted or missing bundle, 3 other error (store
 unreachable or forbidden, bucket missing), 64 bad command line or store configuration (empty or
-malformed URL, unknown protocol, endpoint not an http(s) URL, unknown storage option), 130 interrupted.
+malformed URL, unknown protocol, endpoint not an http(s) URL, unknown storage option), 130 interrupted,
+143 `rlckpt train` stopped by SIGTERM without its final save.
 Run `rlckpt COMMAND --help` for the options of one command.
 """
 
