@@ -338,6 +338,38 @@ def test_a_deadline_stops_the_run_with_one_save_at_the_last_step_that_leaves_tim
     assert "50.0s to the deadline" in stop["detail"] and "30.0s, assumed: no save measured yet" in stop["detail"]
 
 
+def test_a_deadline_that_comes_while_rollouts_are_awaited_stops_the_run_counting_only_saves_still_written(
+    tmp_path,
+):
+    """The run waits for batch 3 (save 2 committed) when the clock reaches the deadline: no step ends,
+    yet the stop comes, and its estimate counts the final save alone, not save 2 once more."""
+    now = [1000.0]
+    generating = Hold(3)
+    saved_2 = asyncio.Event()
+    events: list[dict] = []
+
+    def on_event(event: dict) -> None:
+        events.append(event)
+        if event.get("saved") == 2:
+            saved_2.set()
+
+    async def main() -> InProcessRun:
+        run = InProcessRun()
+        config = _config(str(tmp_path / "run"), 8, save_by=2000.0)
+        hooks = {"before_generate": generating, "on_event": on_event, "clock": lambda: now[0]}
+        task = asyncio.create_task(run_in_process(config, run=run, **hooks))
+        await generating.reached.wait()
+        await saved_2.wait()
+        now[0] = 2000.0  # the deadline: the run sees it at its next look, with no step to end
+        return await task
+
+    run = asyncio.run(main())
+    assert run.summary is not None
+    assert (run.summary.stop_reason, run.summary.step, run.summary.last_committed_step) == ("deadline", 3, 3)
+    [stop] = [e for e in events if e.get("event") == "stop"]
+    assert stop["step"] == 3 and "in flight" not in stop["detail"]
+
+
 # --- with the other features ---------------------------------------------------------------------
 
 

@@ -46,6 +46,6 @@ def test_the_deadline_plan_explains_its_estimate():
     plan.saves.record(2.5)
     text = plan.explain(now=990.0, save_in_flight=True)
     assert text == (
-        "10.0s to the deadline; a save takes 2.5s, the longest of this run's last 1 saves "
-        "(twice: a save is in flight); a step 0.0s"
+        "10.0s to the deadline; a save takes 2.5s, as this run's one save so far (twice: a save is in flight); "
+        "a step 0.0s"
     )

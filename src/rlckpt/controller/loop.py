@@ -317,6 +317,10 @@ class ControllerLoop:
         """The step reached is not committed yet and is not step 0 (a fresh start is the same)."""
         return self.state.step > 0 and self._committed_step != self.state.step
 
+    def _saving(self) -> bool:
+        """A save is still being written (a finished one stays in ``_save_in_flight`` until joined)."""
+        return self._save_in_flight is not None and not self._save_in_flight.done()
+
     def _grace_left(self) -> float:
         if self._grace_at is None:
             return float("inf")
@@ -334,7 +338,7 @@ class ControllerLoop:
         """Request the deadline's stop when the time left is what stopping costs; True once stopping."""
         if self._stop is not None:
             return True
-        now, in_flight = self.clock(), self._save_in_flight is not None
+        now, in_flight = self.clock(), self._saving()
         if plan.seconds_until_stop(now, in_flight) > 0:
             return False
         self.request_stop(StopRequest("deadline", self.config.grace_s), detail=plan.explain(now, in_flight))
@@ -350,7 +354,7 @@ class ControllerLoop:
             self._step_ended.clear()
             if self._check_deadline(plan):
                 return
-            left = plan.seconds_until_stop(self.clock(), self._save_in_flight is not None)
+            left = plan.seconds_until_stop(self.clock(), self._saving())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._step_ended.wait(), timeout=min(left, DEADLINE_RECHECK_S))
 

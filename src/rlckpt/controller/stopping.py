@@ -57,6 +57,8 @@ class SaveTimes:
         if not self.seconds:
             return f"{self.unmeasured_s:.1f}s, assumed: no save measured yet in this run"
         count = min(len(self.seconds), RECENT_SAVES)
+        if count == 1:
+            return f"{self.estimate():.1f}s, as this run's one save so far"
         return f"{self.estimate():.1f}s, the longest of this run's last {count} saves"
 
 
