@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# `make demo`: the main job on local disk — train, get interrupted, resume, then list, verify and gc.
+# `make demo`: the main job on local disk — train, get preempted (SIGTERM: it saves where it is and
+# stops), resume from that bundle, then list, verify and gc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RLCKPT=.venv/bin/rlckpt
 RUN=${DEMO_RUN_DIR:-demo-run}
-STEPS=${DEMO_STEPS:-12}
+STEPS=${DEMO_STEPS:-40}
 
 has_bundle_at_least() {  # has_bundle_at_least STEP: a committed bundle >= STEP exists
   "$RLCKPT" ls "$RUN" --json 2>/dev/null | .venv/bin/python -c \
@@ -12,21 +13,23 @@ has_bundle_at_least() {  # has_bundle_at_least STEP: a committed bundle >= STEP 
 }
 
 rm -rf "$RUN"
-echo "== 1/4  train a tiny GRPO on local disk ($RUN), saving every 2 steps; interrupt it after step 4's bundle"
-"$RLCKPT" train --run-dir "$RUN" --steps "$STEPS" --save-every 2 &
+echo "== 1/4  train a tiny GRPO on local disk ($RUN), saving every 10 steps; SIGTERM it after step 10's bundle"
+"$RLCKPT" train --run-dir "$RUN" --steps "$STEPS" --save-every 10 &
 pid=$!
-until has_bundle_at_least 4; do
+until has_bundle_at_least 10; do
   kill -0 "$pid" 2>/dev/null || break
   sleep 1
 done
-kill -TERM "$pid" 2>/dev/null || true   # the CLI shuts Ray and TransferQueue down cleanly on SIGTERM
-wait "$pid" || echo "   (training stopped: exit $?)"
+kill -TERM "$pid" 2>/dev/null || true   # like a preemption: it finishes its step, saves it and exits 0
+status=0
+wait "$pid" || status=$?
+echo "   (training stopped: exit $status)"
 
-echo "== 2/4  what the interrupted run left (only committed bundles are resumable)"
+echo "== 2/4  what the preempted run left: its bundles, the newest at the step it reached (no debris)"
 "$RLCKPT" ls "$RUN"
 
-echo "== 3/4  resume on a fresh Ray cluster from the newest committed bundle"
-"$RLCKPT" train --run-dir "$RUN" --steps "$STEPS" --save-every 2
+echo "== 3/4  resume on a fresh Ray cluster from that bundle"
+"$RLCKPT" train --run-dir "$RUN" --steps "$STEPS" --save-every 10
 
 echo "== 4/4  list, verify every digest of the newest bundle, and show what gc would remove"
 "$RLCKPT" ls "$RUN"

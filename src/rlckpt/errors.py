@@ -156,6 +156,11 @@ class CheckpointError(RlckptError):
     """A save or restore of a whole run bundle failed."""
 
 
+class SaveFailedError(CheckpointError):
+    """A save of the run failed and the run stops: a periodic save with ``--save-failure stop``, or the
+    final save of a stopping run (there is no next step to try again)."""
+
+
 class RestoreOrderError(CheckpointError):
     """An object was built out of the asserted restore order."""
 
@@ -169,6 +174,17 @@ class ShardedCheckpointError(CheckpointError):
     """A DCP (torch.distributed.checkpoint) save or load through rlckpt.dcp cannot go on as asked: a
     bundle without `.metadata` under the prefix, ranks that opened different bundles, a writer used
     for a second save of its one transaction, an unsupported DCP mode. Names the step and the file."""
+
+
+class FinalSaveAbortedError(CheckpointError):
+    """A run asked to save and stop (SIGTERM, a deadline) ran out of its grace period before its final
+    save committed: that save was aborted (nothing of it committed, no intent or staging left) and the
+    newest committed bundle is still the resume point. Names the step, the grace and that bundle."""
+
+    def __init__(self, message: str, reason: str = "preempted", last_committed_step: int | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason  # why the run was stopping: "preempted" or "deadline"
+        self.last_committed_step = last_committed_step
 
 
 class TrainerGroupError(CheckpointError):

@@ -8,8 +8,8 @@ import pytest
 
 from rlckpt.controller import loop as loop_module
 from rlckpt.controller.config import TrainConfig
-from rlckpt.controller.loop import SaveFailedError
 from rlckpt.controller.trainer_group import StagedRankPolicy
+from rlckpt.errors import SaveFailedError
 from rlckpt.grpo import (
     DigitSumTask,
     GenerationWorker,

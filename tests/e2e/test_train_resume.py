@@ -7,21 +7,18 @@ Each run is a new process with a fresh Ray cluster, as a resume on a new machine
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from rlckpt.store import BundleStore
 from rlckpt.testing.store_checks import corrupt_file
-from rlckpt.testing.train_cli import RUN_TIMEOUT_S, run_train, train_command
+from rlckpt.testing.train_cli import RUN_TIMEOUT_S, kill_run, run_train, train_command
 
 pytestmark = pytest.mark.slow
 POLICY_SHARD = "policy/__1_0.distcp"  # rank 1's shard file in a bundle of two trainer ranks (the default)
@@ -89,31 +86,21 @@ def test_async_restart_loses_no_prompt_and_trains_none_twice(tmp_path):
     assert sorted(trained + second["unconsumed_draws"]) == list(range(second["drawn"])), "a prompt was lost"
 
 
-@pytest.fixture
-def ray_dir() -> Iterator[str]:
-    """The killed run's private Ray temp dir: short (Ray's socket paths must stay short), removed after."""
-    path = tempfile.mkdtemp(prefix="rlckpt-e2e-ray-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _kill_run(proc: subprocess.Popen, ray_dir: str) -> None:
-    """SIGKILL the driver and every Ray process of its private cluster (they name its temp dir)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:  # the run's whole process group has exited already
-        pass
-    proc.wait(timeout=30)
-    subprocess.run(["pkill", "-9", "-f", ray_dir], check=False)
-    time.sleep(1.0)
-
-
-def _start_held_run(tmp_path, run_dir: str, ray_dir: str, steps: int = 6) -> tuple[subprocess.Popen, object]:
+def _start_held_run(
+    tmp_path, run_dir: str, ray_dir: str, *extra: str, steps: int = 6
+) -> tuple[subprocess.Popen, object]:
     """`rlckpt train` with the save of step 4 held before its COMMIT; returns once it is held."""
     held = tmp_path / "save-4-is-held"
     held_train = ("4", str(held))  # `rlckpt train`, save 4 held
     cmd = train_command(
-        run_dir, steps, "--json", "--ray-temp-dir", ray_dir, module="rlckpt.testing.held_train", prefix=held_train
+        run_dir,
+        steps,
+        "--json",
+        "--ray-temp-dir",
+        ray_dir,
+        *extra,
+        module="rlckpt.testing.held_train",
+        prefix=held_train,
     )
     log = tmp_path / "held-run.log"  # a file, not a pipe: a full pipe would stall the run
     with open(log, "wb") as sink:
@@ -123,7 +110,7 @@ def _start_held_run(tmp_path, run_dir: str, ray_dir: str, steps: int = 6) -> tup
         if proc.poll() is not None:
             pytest.fail(f"run ended before the save of step 4: {log.read_text()[-3000:]}")
         if time.monotonic() > deadline:
-            _kill_run(proc, ray_dir)
+            kill_run(proc, ray_dir)
             pytest.fail("the save of step 4 never started")
         time.sleep(0.2)
     return proc, log
@@ -134,7 +121,7 @@ def test_sigkill_while_a_save_uploads_in_the_background_resumes_from_the_previou
     process tree is SIGKILLed then. The next run resumes from step 2 and saves 4 anew."""
     run_dir = str(tmp_path / "run")
     proc, _log = _start_held_run(tmp_path, run_dir, ray_dir)
-    _kill_run(proc, ray_dir)
+    kill_run(proc, ray_dir)
     store = BundleStore(run_dir)
     assert store.latest() == 2, "the killed save must not be visible"
     assert any(e.step == 4 and e.state != "committed" for e in store.entries())
@@ -146,16 +133,18 @@ def test_sigkill_while_a_save_uploads_in_the_background_resumes_from_the_previou
         store.open(step).verify()
 
 
-def test_sigterm_with_a_save_in_flight_aborts_it_cleanly(tmp_path, ray_dir):
-    """SIGTERM to `rlckpt train` while save 4 is in flight: the controller aborts that transaction
-    (nothing committed, its intent and staging removed, not left for gc) and the process exits."""
+def test_sigterm_with_on_sigterm_exit_aborts_the_save_in_flight_cleanly(tmp_path, ray_dir):
+    """SIGTERM to `rlckpt train --on-sigterm exit` while save 4 is in flight: the controller aborts that
+    transaction (nothing committed, its intent and staging removed, not left for gc) and the process
+    exits 143. (The default, --on-sigterm save, is tested in test_preemption.py.)"""
     run_dir = str(tmp_path / "run")
-    proc, log = _start_held_run(tmp_path, run_dir, ray_dir)
+    proc, log = _start_held_run(tmp_path, run_dir, ray_dir, "--on-sigterm", "exit")
     try:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
+        code = proc.wait(timeout=120)
     finally:
-        _kill_run(proc, ray_dir)  # whatever is left of the private cluster
+        kill_run(proc, ray_dir)  # whatever is left of the private cluster
+    assert code == 143, log.read_text()[-3000:]
     store = BundleStore(run_dir)
     assert store.steps() == [2]
     assert [e.step for e in store.entries() if e.state != "committed"] == [], log.read_text()[-3000:]

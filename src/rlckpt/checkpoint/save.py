@@ -44,7 +44,7 @@ from rlckpt.dataplane.snapshot_metadata import update_snapshot_metadata
 from rlckpt.dataplane.threads import run_blocking
 from rlckpt.errors import CheckpointError
 from rlckpt.replay import GroupRecord, IndexCapture, ReplayBuffer
-from rlckpt.store import BundleStore, BundleTransaction, Receipt, sha256_hex
+from rlckpt.store import BundleStore, BundleTransaction, Manifest, Receipt, sha256_hex
 
 logger = logging.getLogger(__name__)
 
@@ -244,6 +244,7 @@ class PendingSave:
         self._policy: StagedPolicy | None = policy
         self._captured: _Captured | None = None
         self._policy_written = False
+        self.committed = False  # COMMIT is published: nothing can abort this save any more
 
     async def foreground(self) -> None:
         if self.upload_timing == "pinned":  # 3: the window
@@ -253,23 +254,36 @@ class PendingSave:
         self.foreground_s = time.perf_counter() - self.started
 
     async def finish(self) -> SaveReport:
+        """``commit`` then ``retain``: the rest of a save as the schedule takes it."""
+        report = await self.commit()
+        await self.retain()
+        return report
+
+    async def commit(self) -> SaveReport:
         """Steps 2 (write) and 4-5: the policy and the data plane written side by side, then loader,
-        index, manifest and COMMIT; retention after. Nothing is committed on a failure."""
+        index, manifest and COMMIT. Nothing is committed on a failure (or a cancel), which re-raises."""
         try:
-            report = await self._write_and_commit()
+            return await self._write_and_commit()
         except BaseException as exc:
             await self.fail(exc)
             raise
+
+    async def retain(self) -> None:
+        """Retention (``keep_last``) after the commit; it never un-commits the save. Separate from
+        ``commit`` so a run that must stop within a grace period bounds the commit, not the clean-up."""
         if self.parts.keep_last:
             await _retain(self.parts.store, self.parts.keep_last)
-        return report
 
     async def fail(self, cause: BaseException) -> None:
-        """Drop what the foreground holds (pins, staging dir, the staged policy) and abort the transaction."""
+        """Drop what the foreground holds (pins, staging dir, the staged policy) and abort the transaction,
+        unless it is committed already (a cancel that came while the COMMIT call ran)."""
         if self._captured is not None:
             await self._captured.close()
         if self._policy is not None and not self._policy_written:
             await _discard(self._policy, self.step)
+        if self.committed:
+            logger.warning("step %d: %s came after its COMMIT; the save is committed", self.step, type(cause).__name__)
+            return
         await _abort(self.txn, self.step, cause)
 
     async def _write_and_commit(self) -> SaveReport:
@@ -302,7 +316,7 @@ class PendingSave:
         if parts.before_commit is not None:
             await parts.before_commit(step)
         receipts = [*policy_receipts, *dp.receipts]
-        manifest = await run_blocking(functools.partial(txn.commit, metadata, receipts=receipts))  # 5: COMMIT
+        manifest = await self._publish(metadata, receipts)  # 5: COMMIT
         report = SaveReport(
             step=step,
             manifest_sha256=sha256_hex(manifest.to_bytes()),
@@ -330,6 +344,18 @@ class PendingSave:
             report.total_s,
         )
         return report
+
+    async def _publish(self, metadata: dict[str, Any], receipts: list[Receipt]) -> Manifest:
+        """Manifest and COMMIT, in a thread. A cancel that comes meanwhile cannot stop the thread: it
+        waits for it, sets ``committed`` if the COMMIT went out, and then goes on (re-raised)."""
+        call = asyncio.ensure_future(asyncio.to_thread(functools.partial(self.txn.commit, metadata, receipts=receipts)))
+        try:
+            manifest = await asyncio.shield(call)
+        except asyncio.CancelledError:
+            self.committed = await _settled(call) is not None
+            raise
+        self.committed = True
+        return manifest
 
 
 async def _both(first: Awaitable[A], second: Awaitable[B]) -> tuple[A, B]:

@@ -19,6 +19,7 @@ EXIT_MISSING = 2
 EXIT_ERROR = 3
 EXIT_USAGE = 64  # sysexits EX_USAGE: argparse's usual 2 would collide with verify's "uncommitted"
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143  # 128 + SIGTERM: `rlckpt train` stopped by SIGTERM without its final save
 
 # How deep a JSON argument may nest. fsspec's options go three levels deep (config_kwargs.retries.mode);
 # a limit of our own refuses a 1 000-deep one with a reason, not with Python's RecursionError.

@@ -43,7 +43,8 @@ exit codes: 0 ok, 1 corrupt bundle, 2 uncommitted or missing bundle, 3 other err
 unreachable or forbidden, bucket missing, no Ray cluster at --ray-address), 64 bad command line or
 store configuration (empty or malformed URL, unknown protocol, endpoint not an http(s) URL, unknown
 storage option) or a Ray cluster that cannot hold the run (too many --trainer-ranks, a
---trainer-resources resource no node offers), 130 interrupted.
+--trainer-resources resource no node offers), 130 interrupted, 143 `rlckpt train` stopped by SIGTERM
+without its final save.
 Run `rlckpt COMMAND --help` for the options of one command.
 """
 

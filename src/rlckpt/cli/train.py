@@ -6,16 +6,17 @@ import argparse
 import json
 import math
 import shutil
-import signal
 import sys
 import tempfile
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from rlckpt.cli import _common
+from rlckpt.cli import _common, train_stop
+from rlckpt.errors import FinalSaveAbortedError
 
 if TYPE_CHECKING:
     from rlckpt.checkpoint.save import SaveHook
+    from rlckpt.controller.loop import GenerateHook
     from rlckpt.controller.trainer_rank import SavePlannerFactory
 
 # --ray-connect-timeout's default: the library's (rlckpt.dataplane.ray_cluster.DEFAULT_CONNECT_TIMEOUT_S),
@@ -38,6 +39,12 @@ Without --fresh the newest committed bundle that verifies is resumed (bundles wi
 ignored; a newer one that fails verification is skipped, reported on stderr and in --json as
 skipped_bundles, and moved to _quarantine/ when the run saves its step again). --resume-step N
 resumes exactly N, or fails.
+
+SIGTERM saves and stops (--on-sigterm save, the default): the step in progress finishes, its
+bundle commits within --grace-seconds and the run exits 0 with the step it saved; a second SIGTERM
+or the grace period running out aborts that save cleanly (exit 143, the previous bundle stays the
+resume point). --save-by / --save-by-seconds end the run the same way at a deadline. Ctrl-C stops
+at once (exit 130).
 """
 
 
@@ -173,6 +180,7 @@ def add_parser(subparsers: Any) -> None:
         default="auto",
         help="data-plane files: zstd on object stores and plain on local disk (auto, default), or always zstd / never",
     )
+    train_stop.add_stop_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON line on stdout")
     _common.add_verbose_argument(parser)
     parser.set_defaults(func=run)
@@ -254,20 +262,16 @@ def _start_ray(args: argparse.Namespace) -> str | None:
     return ray_dir if ours else None
 
 
-def _interrupt_on_sigterm() -> None:
-    """SIGTERM (CI cancel, `kill`, the demo) shuts down like Ctrl-C: actors, TransferQueue, Ray."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, handler)
-
-
 def run(
-    args: argparse.Namespace, *, before_commit: SaveHook | None = None, save_planner: SavePlannerFactory | None = None
+    args: argparse.Namespace,
+    *,
+    before_commit: SaveHook | None = None,
+    save_planner: SavePlannerFactory | None = None,
+    before_generate: GenerateHook | None = None,
 ) -> int:
-    """Run the main job; ``before_commit`` is awaited before each save's COMMIT and ``save_planner`` gives
-    each trainer rank its DCP save planner (crash tests; see setup_single_controller)."""
+    """Run the main job; ``before_commit`` is awaited before each save's COMMIT, ``save_planner`` gives
+    each trainer rank its DCP save planner and ``before_generate`` is awaited before each batch is
+    generated (crash and stop tests; see setup_single_controller)."""
     from tqdm import tqdm
 
     from rlckpt.controller.config import TrainConfig
@@ -291,14 +295,21 @@ def run(
         compress_data_plane={"auto": None, "zstd": True, "none": False}[args.compress],
         trainer_ranks=args.trainer_ranks,
         trainer_resources=args.trainer_resources,
+        save_by=args.save_by,
+        grace_s=args.grace_seconds,
     )
-    check_start(config)  # a wrong --resume-step or --fresh fails here, before Ray and TQ take ≈20 s to start
+    store = check_start(config)  # a wrong --resume-step or --fresh fails here, before Ray and TQ take ≈20 s to start
     ray_dir = _start_ray(args)
-    _interrupt_on_sigterm()  # after ray.init, which installs a SIGTERM handler of its own
+    sigterm = train_stop.SigtermHandler(args.on_sigterm, args.grace_seconds)
+    sigterm.install()  # after ray.init, which installs a SIGTERM handler of its own
     controller = None
+    stopping = "preempted"  # why the run was stopping, should it end without its final save
+    unsaved: BaseException | None = None
     try:
         print("rlckpt train: starting TransferQueue and the controller ...", file=sys.stderr)
-        controller = setup_single_controller(config, before_commit=before_commit, save_planner=save_planner)
+        controller = setup_single_controller(
+            config, before_commit=before_commit, save_planner=save_planner, before_generate=before_generate
+        )
         start = controller.restored.step if controller.restored else 0
         skipped = controller.restored.skipped if controller.restored else []
         for bundle in skipped:
@@ -315,6 +326,11 @@ def run(
         bar = tqdm(total=config.steps, initial=start, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
 
         def on_event(event: dict[str, Any]) -> None:
+            nonlocal stopping
+            stop_line = train_stop.describe_event(event)
+            if stop_line is not None:
+                stopping = event.get("reason", stopping)
+                bar.write(stop_line, file=sys.stderr)
             if event.get("event") == "step":
                 bar.update(event["step"] - bar.n)
                 bar.set_postfix(reward=f"{event['reward']:.3f}")
@@ -328,21 +344,30 @@ def run(
             elif "save_error" in event:
                 bar.write(f"  save of step {event['step']} FAILED: {event['save_error']}", file=sys.stderr)
 
-        summary = controller.run(on_event)
+        summary = controller.run(on_event, stop_request=sigterm.pending)
         bar.close()
         bundles = controller.store.steps()
+    except FinalSaveAbortedError as exc:
+        unsaved = exc
+    except KeyboardInterrupt as exc:
+        if not sigterm.stopped_at_once:
+            raise  # Ctrl-C: "interrupted", exit 130
+        unsaved = exc
     finally:
         if controller is not None:
             controller.shutdown()
         stop_local_ray()
         if ray_dir is not None:  # ours: remove it; a user-given dir stays
             shutil.rmtree(ray_dir, ignore_errors=True)
+    if unsaved is not None:
+        return train_stop.report_unsaved(unsaved, store, config.run_dir, reason=stopping, as_json=args.json)
     result = {
         **asdict(summary),
         "bundles": bundles,
         "run_dir": config.run_dir,
         "rollout_order": config.rollout_order,
         "skipped_bundles": [asdict(bundle) for bundle in skipped],
+        "final_save_aborted": False,
     }
     if args.json:
         print(json.dumps(result, sort_keys=True))
@@ -352,4 +377,7 @@ def run(
             f"step {summary.step}  reward {reward}  policy_sha256 {summary.policy_sha256[:16]}…  "
             f"bundles {bundles}  ({summary.steps_run} steps this run, resumed from {summary.resumed_from})"
         )
+    stopped = train_stop.stopped_line(result)
+    if stopped is not None:
+        print(stopped, file=sys.stderr)
     return _common.EXIT_OK

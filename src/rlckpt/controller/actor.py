@@ -1,18 +1,22 @@
 """SingleControllerActor: one Ray actor, one asyncio loop running the rollout and train pumps.
 
 ``run()`` connects the data plane where it runs and hands it to ``assemble_controller``, which
-loads and checks the restored index before the pumps start.
+loads and checks the restored index before the pumps start. ``request_stop`` (the driver's first
+SIGTERM) asks the run to save and stop; ``stop`` (Ctrl-C, a second SIGTERM) cancels it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import asdict
 from typing import Any
 
 from rlckpt.controller.args import ControllerArgs
 from rlckpt.controller.assemble import assemble_controller
 from rlckpt.controller.connect import DataPlaneSpec
+from rlckpt.controller.loop import ControllerLoop
+from rlckpt.controller.stopping import StopRequest
 from rlckpt.store import BundleStore
 
 
@@ -28,6 +32,8 @@ class SingleControllerActor:
         self.data_plane = data_plane
         self._events: list[dict[str, Any]] = []
         self._running: asyncio.Task[Any] | None = None
+        self._loop: ControllerLoop | None = None
+        self._stop: tuple[StopRequest, float] | None = None  # a request that came before the loop existed
 
     async def run(self) -> dict[str, Any]:
         """Run the job to ``config.steps`` and return the RunSummary as a dict."""
@@ -41,10 +47,22 @@ class SingleControllerActor:
                 on_event=self._events.append,
             )
             self._running = asyncio.current_task()
+            self._loop = loop
+            if self._stop is not None:
+                request, received = self._stop
+                loop.request_stop(request.later(time.monotonic() - received))
             summary = await loop.run()
         finally:
             await data_plane.close()  # connect-only: drops the client, never stops TransferQueue
         return asdict(summary)
+
+    async def request_stop(self, request: StopRequest) -> None:
+        """Save and stop at the next safe point (the driver's first SIGTERM); the grace starts now,
+        even when the loop is still being assembled."""
+        if self._loop is not None:
+            self._loop.request_stop(request)
+        elif self._stop is None:
+            self._stop = (request, time.monotonic())
 
     async def stop(self) -> bool:
         """Cancel the run (the driver's SIGTERM / Ctrl-C): a save in flight is aborted, nothing of it

@@ -11,7 +11,7 @@ from rlckpt.checkpoint.save import SaveHook
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.connect import ReplayBufferSpec
 from rlckpt.controller.handles import Generator, Trainer
-from rlckpt.controller.loop import LoopState
+from rlckpt.controller.loop import GenerateHook, LoopState
 from rlckpt.grpo import DigitSumTask, PromptLoader
 
 
@@ -44,3 +44,4 @@ class ControllerArgs:
     restored: RestoredIndex | None = None
     before_commit: SaveHook | None = None  # must be picklable to reach the actor
     row_copier: RowCopier | None = None  # pinned saves: copies the captured rows (a Ray actor's handle)
+    before_generate: GenerateHook | None = None  # must be picklable to reach the actor

@@ -10,6 +10,7 @@ start (docs/architecture.md, restore step 5).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,8 +30,10 @@ async def assemble_controller(
     store: BundleStore,
     data_plane: DataPlaneClient,
     on_event: Callable[[dict[str, Any]], None] | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> ControllerLoop:
-    """Build the replay buffer over ``data_plane``, load and check the restored index, return the loop.
+    """Build the replay buffer over ``data_plane``, load and check the restored index, return the loop
+    (``clock``: the wall clock its deadline is planned on).
 
     Raises:
         ReplayStateError: the index's digest, partition, group size or group count disagrees
@@ -53,6 +56,8 @@ async def assemble_controller(
         on_event=on_event,
         before_commit=args.before_commit,
         row_copier=args.row_copier,
+        before_generate=args.before_generate,
+        clock=clock,
     )
 
 

@@ -42,6 +42,12 @@ class TrainConfig:
     trainer_ranks: int = 2  # data-parallel trainer ranks (Ray actors in one gloo group, FSDP2)
     trainer_resources: dict[str, float] | None = None  # Ray custom resources each rank asks for
     rank_timeout_s: float = 180.0  # the longest the controller waits for the ranks to answer one call
+    # Stopping early (docs/architecture.md, Stopping): a deadline (unix time) by which the run has saved and
+    # stopped, the grace a stop has before its final save is aborted, and what a save is assumed to cost
+    # until the run has measured one
+    save_by: float | None = None
+    grace_s: float = 60.0
+    unmeasured_save_s: float = 10.0
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     tq_config: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_TQ_CONFIG))
 
@@ -62,6 +68,10 @@ class TrainConfig:
             )
         if self.upload_timing not in ("pinned", "staged", "inline"):
             raise ValueError(f"upload_timing must be 'pinned', 'staged' or 'inline', got {self.upload_timing!r}")
+        if self.grace_s < 0 or self.unmeasured_save_s < 0:
+            raise ValueError(
+                f"grace_s and unmeasured_save_s must be >= 0, got {self.grace_s}, {self.unmeasured_save_s}"
+            )
         if self.save_failure not in ("stop", "continue"):
             raise ValueError(f"save_failure must be 'stop' or 'continue', got {self.save_failure!r}")
         if self.trainer_resources is not None:  # what Ray would refuse only once the ranks start

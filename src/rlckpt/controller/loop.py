@@ -6,6 +6,14 @@ replay buffer. Train pump: take the groups of step k → advantage stage (read r
 ``advantages`` onto the same keys) → train → remove the groups → sync weights → save every
 ``save_every`` steps and at the last step.
 
+Stopping early (docs/architecture.md, Stopping): ``request_stop`` (SIGTERM through the driver) or
+the deadline (``TrainConfig.save_by``) asks the run to save and stop. The train step in progress
+finishes; a wait for rollouts is a safe point (nothing of the step has started); the rollout pump
+draws no new batch, and what is in flight is saved as reserved groups like in any save. A save in
+flight is finished first if that fits the grace period, then one final save of the step reached
+commits and ``run()`` returns. The grace period bounds it all: when it runs out the final save is
+aborted (nothing of it committed) and ``run()`` raises FinalSaveAbortedError.
+
 Rollout orders: ``in_order`` — batch k is generated with weights k and trained at step k (deterministic);
 ``async`` — batch k may be generated with weights as old as k − max_staleness while the trainer
 works (bounded staleness). In both, every drawn prompt is trained exactly once, across restarts.
@@ -14,6 +22,7 @@ works (bounded staleness). In both, every drawn prompt is trained exactly once, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -28,19 +37,20 @@ from rlckpt.checkpoint.row_copy import RowCopier
 from rlckpt.checkpoint.save import PendingSave, SaveHook, SaveParticipants, SaveReport, start_save
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.handles import Generator, Trainer
-from rlckpt.errors import CheckpointError, LoaderStateError
+from rlckpt.controller.stopping import DeadlinePlan, SaveTimes, StopReason, StopRequest
+from rlckpt.errors import CheckpointError, FinalSaveAbortedError, LoaderStateError, SaveFailedError
 from rlckpt.grpo import DigitSumTask, PromptLoader, TrainBatch, grouped_advantages, weights_sha256
-from rlckpt.replay import ReplayBuffer
+from rlckpt.replay import GroupRecord, ReplayBuffer
 from rlckpt.store import BundleStore
 
 logger = logging.getLogger(__name__)
 
 ROW_ID_FIELDS = ("prompt_id", "sample_index", "weight_version", "draw_seq")
 LOADER_STATE_FORMAT = 1
-
-
-class SaveFailedError(CheckpointError):
-    """A periodic save failed and the run is configured to stop (``save_failure='stop'``)."""
+DEADLINE_RECHECK_S = 5.0  # the deadline is re-planned at least this often while no step ends
+# Awaited by the rollout pump with a batch's step once it is drawn and reserved, before it is generated
+# (end-to-end tests hold a run there to stop it "during generation").
+GenerateHook = Callable[[int], Awaitable[None]]
 
 
 @dataclass
@@ -87,6 +97,8 @@ class RunSummary:
     saves: list[dict[str, Any]]
     steps_run: int
     start_policy_sha256: str = ""  # the weights the run started from (after a restore: as loaded)
+    stop_reason: StopReason = "completed"
+    last_committed_step: int | None = None  # the resume point the run leaves (None: no bundle)
 
 
 class ControllerLoop:
@@ -107,6 +119,8 @@ class ControllerLoop:
         on_event: Callable[[dict[str, Any]], None] | None = None,
         before_commit: SaveHook | None = None,
         row_copier: RowCopier | None = None,
+        before_generate: GenerateHook | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
         self.task = task
@@ -141,7 +155,18 @@ class ControllerLoop:
             row_copier=row_copier,
         )
         self._save_in_flight: asyncio.Task[None] | None = None
+        self._save_in_flight_step: int | None = None
         self._background_failure: SaveFailedError | None = None
+        self.before_generate = before_generate
+        self.clock = clock  # wall clock (unix seconds): the deadline is a wall-clock time
+        self._committed_step = resumed_from  # the resume point the run would leave now
+        self._save_times = SaveTimes(config.unmeasured_save_s)
+        self._deadline = DeadlinePlan(config.save_by, self._save_times) if config.save_by is not None else None
+        self._step_ended = asyncio.Event()  # the deadline watch re-plans at every step
+        self._stop: StopRequest | None = None
+        self._stop_requested = asyncio.Event()
+        self._grace_at: float | None = None  # event-loop time by which the stop must be done
+        self._grace: asyncio.Timeout | None = None  # run()'s; rescheduled when a stop is requested
 
     # --- the run ---------------------------------------------------------------------------------
 
@@ -156,13 +181,25 @@ class ControllerLoop:
             raise CheckpointError(f"trainer is at weight version {version}, the run state at step {self.state.step}")
         rollout = asyncio.create_task(self._rollout_pump(), name="rollout-pump")
         train = asyncio.create_task(self._train_pump(), name="train-pump")
+        watch = asyncio.create_task(self._watch_deadline(), name="deadline-watch") if self._deadline else None
+        grace = asyncio.timeout_at(self._grace_at)  # armed by a stop request (request_stop)
         try:
-            done, _ = await asyncio.wait({rollout, train}, return_when=asyncio.FIRST_COMPLETED)
-            if rollout in done and rollout.exception() is not None:
-                raise rollout.exception()  # type: ignore[misc]
-            await train
-            await self._join_save_in_flight()  # the last save commits before the run ends (rollouts still flow)
+            async with grace:
+                self._grace = grace
+                done, _ = await asyncio.wait({rollout, train}, return_when=asyncio.FIRST_COMPLETED)
+                if rollout in done and rollout.exception() is not None:
+                    raise rollout.exception()  # type: ignore[misc]
+                await train
+                await self._end_of_run()  # the last save commits before the run ends (rollouts still flow)
+        except TimeoutError:
+            if not grace.expired():
+                raise
+            self._grace_ran_out()
         finally:
+            self._grace = None
+            if watch is not None:
+                watch.cancel()
+                await asyncio.gather(watch, return_exceptions=True)
             # stopped early: the train pump goes first, else it would begin the next save after the abort
             train.cancel()
             await asyncio.gather(train, return_exceptions=True)
@@ -180,7 +217,142 @@ class ControllerLoop:
             saves=[vars(r) for r in self.saves],
             steps_run=self.state.step - start,
             start_policy_sha256=start_sha,
+            stop_reason=self._stop.reason if self._stop and self.state.step < self.config.steps else "completed",
+            last_committed_step=self._committed_step,
         )
+
+    # --- stopping early ----------------------------------------------------------------------------
+
+    def request_stop(self, request: StopRequest, detail: str = "") -> None:
+        """Save and stop at the next safe point (module doc). The first request counts; its grace
+        period starts now. ``detail`` (why, in numbers) goes to the log and the run's ``stop`` event."""
+        if self._stop is not None:
+            return
+        self._stop = request
+        self._grace_at = asyncio.get_running_loop().time() + request.grace_s
+        if self._grace is not None:
+            self._grace.reschedule(self._grace_at)
+        self._stop_requested.set()
+        logger.warning(
+            "stop requested (%s) at step %d: saving at the next safe point, %.0fs grace%s",
+            request.reason,
+            self.state.step,
+            request.grace_s,
+            f"; {detail}" if detail else "",
+        )
+        event = {"event": "stop", "reason": request.reason, "step": self.state.step, "grace_s": request.grace_s}
+        self.on_event({**event, "detail": detail} if detail else event)
+
+    async def _end_of_run(self) -> None:
+        """The save in flight commits; a run stopped before its last step then takes its final save
+        when one is needed (never twice: a save in flight of the step reached is the final save)."""
+        if self._stop is None or self.state.step >= self.config.steps:
+            await self._join_save_in_flight()
+            return
+        await self._finish_save_in_flight_if_it_fits()
+        if self._final_save_needed():
+            await self._final_save(self.state.step)
+        logger.warning(
+            "stopped (%s) at step %d; resume point: %s", self._stop.reason, self.state.step, self._committed_step
+        )
+
+    async def _finish_save_in_flight_if_it_fits(self) -> None:
+        """The save in flight is finished first if the final save still has its estimated time in the
+        grace period after it; else it is aborted (the final save holds the newer state)."""
+        task, step = self._save_in_flight, self._save_in_flight_step
+        if task is None or step == self.state.step:  # none, or it is the final save itself
+            await self._join_save_in_flight()
+            return
+        budget = self._grace_left() - self._save_times.estimate()
+        done, _ = await asyncio.wait({task}, timeout=max(budget, 0.0))
+        if done:
+            await self._join_save_in_flight()
+            return
+        logger.warning(
+            "the save of step %d in flight does not fit the grace period before the final save of step %d "
+            "(%.1fs left, a save takes %s): aborting it",
+            step,
+            self.state.step,
+            self._grace_left(),
+            self._save_times.describe(),
+        )
+        await self._abort_save_in_flight()
+        self.on_event({"event": "save", "step": step, "save_error": "aborted: it did not fit the grace period"})
+
+    async def _final_save(self, step: int) -> None:
+        """The save of the step reached, awaited whole (the grace period bounds it up to its COMMIT);
+        retention after. A failure raises SaveFailedError whatever ``save_failure`` says: there is no
+        next step to go on to."""
+        waits_before = len(self.replay.barrier.stats().mutation_waits)
+        try:
+            pending = await start_save(self.save_parts, step, upload_timing=self.config.upload_timing)
+            report = await self._commit(pending)
+        except Exception as exc:
+            logger.error("final save of step %d failed: %s: %s", step, type(exc).__name__, exc)
+            raise SaveFailedError(f"final save of step {step} to {self.store.url} failed: {exc}") from exc
+        saved = self._committed(report, waits_before)
+        self.on_event({"event": "save", "step": step, "reward": self.last_reward, **saved})
+        await pending.retain()
+
+    def _grace_ran_out(self) -> None:
+        """The grace period ended the run: fine if the final save had committed (only its retention was
+        cut short), else FinalSaveAbortedError (the save in flight is aborted on the way out)."""
+        assert self._stop is not None, "the grace period is armed by a stop request"
+        if not self._final_save_needed():
+            logger.warning("the grace period ran out; step %d needs no save", self.state.step)
+            return
+        last = "none" if self._committed_step is None else f"step {self._committed_step}"
+        raise FinalSaveAbortedError(
+            f"{self._stop.reason}: step {self.state.step} was not saved within the {self._stop.grace_s:.0f}s grace "
+            f"period; its save was aborted (nothing of it is committed) and the newest bundle is {last}",
+            reason=self._stop.reason,
+            last_committed_step=self._committed_step,
+        )
+
+    def _final_save_needed(self) -> bool:
+        """The step reached is not committed yet and is not step 0 (a fresh start is the same)."""
+        return self.state.step > 0 and self._committed_step != self.state.step
+
+    def _saving(self) -> bool:
+        """A save is still being written (a finished one stays in ``_save_in_flight`` until joined)."""
+        return self._save_in_flight is not None and not self._save_in_flight.done()
+
+    def _grace_left(self) -> float:
+        if self._grace_at is None:
+            return float("inf")
+        return self._grace_at - asyncio.get_running_loop().time()
+
+    def _train_step_ended(self) -> None:
+        """A step ended: the deadline is re-planned now (in the train pump, so a stop it calls for
+        comes before the next step), and its watch wakes."""
+        if self._deadline is not None:
+            self._deadline.step_finished(self.clock())
+            self._check_deadline(self._deadline)
+        self._step_ended.set()
+
+    def _check_deadline(self, plan: DeadlinePlan) -> bool:
+        """Request the deadline's stop when the time left is what stopping costs; True once stopping."""
+        if self._stop is not None:
+            return True
+        now, in_flight = self.clock(), self._saving()
+        if plan.seconds_until_stop(now, in_flight) > 0:
+            return False
+        self.request_stop(StopRequest("deadline", self.config.grace_s), detail=plan.explain(now, in_flight))
+        return True
+
+    async def _watch_deadline(self) -> None:
+        """Between steps (a long wait for rollouts, a save the train pump waits for), the deadline's
+        stop still comes on time: re-planned at every step and at least every DEADLINE_RECHECK_S."""
+        plan = self._deadline
+        assert plan is not None
+        plan.step_finished(self.clock())  # the first step is timed from the start of the run
+        while True:
+            self._step_ended.clear()
+            if self._check_deadline(plan):
+                return
+            left = plan.seconds_until_stop(self.clock(), self._saving())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._step_ended.wait(), timeout=min(left, DEADLINE_RECHECK_S))
 
     # --- rollout pump ------------------------------------------------------------------------------
 
@@ -194,7 +366,11 @@ class ControllerLoop:
             batch_step = self.state.next_batch_step
             oldest = batch_step - cfg.max_ahead  # the oldest weights this batch may be generated with
             await self._wait(functools.partial(self._generated_with_at_least, oldest))
+            if self._stop is not None:  # no new batch: what is in flight now is what the final save holds
+                return
             group_ids = self._draw_and_reserve(batch_step)
+            if self.before_generate is not None:
+                await self.before_generate(batch_step)
             await self._generate_and_commit(group_ids)
 
     def _draw_and_reserve(self, batch_step: int) -> list[str]:
@@ -232,10 +408,12 @@ class ControllerLoop:
 
     async def _train_pump(self) -> None:
         cfg = self.config
-        while self.state.step < cfg.steps:
+        while self.state.step < cfg.steps and self._stop is None:
             self._raise_background_failure()  # an async save that failed stops the run here (save_failure=stop)
             k = self.state.step
-            groups = await self.replay.take(cfg.grpo.prompts_per_step, target_step=k)
+            groups = await self._take_unless_stopped(k)
+            if groups is None:
+                break
             batch, draws = await self._advantage_stage(groups)
             metrics = await self.trainer.train_step(batch)
             for g in groups:
@@ -252,6 +430,24 @@ class ControllerLoop:
             if version % cfg.save_every == 0 or version == cfg.steps:
                 event.update(await self._save(version))
             self.on_event(event)
+            self._train_step_ended()
+
+    async def _take_unless_stopped(self, step: int) -> list[GroupRecord] | None:
+        """The groups step ``step`` trains on, or None when a stop is requested first: waiting for
+        rollouts is a safe point (nothing of the step has begun; a cancelled take takes nothing)."""
+        take = asyncio.ensure_future(self.replay.take(self.config.grpo.prompts_per_step, target_step=step))
+        stop = asyncio.ensure_future(self._stop_requested.wait())
+        try:
+            await asyncio.wait({take, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in (take, stop):
+                waiting.cancel()
+            await asyncio.gather(take, stop, return_exceptions=True)
+        if self._stop is None:
+            return take.result()
+        if not take.cancelled() and take.exception() is None:  # taken in the same instant: give them back
+            self.replay.untake(g.group_id for g in take.result())
+        return None
 
     async def _advantage_stage(self, groups: Sequence[Any]) -> tuple[TrainBatch, list[int]]:
         """Read rewards, write group-normalized ``advantages`` onto the same keys, read the rows back."""
@@ -287,6 +483,7 @@ class ControllerLoop:
         finish = self._finish_save(pending, len(stats.mutation_waits))
         if self.config.async_saves:
             self._save_in_flight = asyncio.create_task(self._background(finish, step), name=f"save-{step}")
+            self._save_in_flight_step = step
             out["save_started"] = step
             return out
         return {**out, **await finish}
@@ -294,13 +491,31 @@ class ControllerLoop:
     async def _finish_save(self, pending: PendingSave, waits_before: int) -> dict[str, Any]:
         step = pending.step
         try:
-            report = await pending.finish()
+            report = await self._commit(pending)
         except Exception as exc:
             return self._save_failed(step, exc)
+        result = self._committed(report, waits_before)  # before retention: a stop may end the run during it
+        await pending.retain()
+        return result
+
+    async def _commit(self, pending: PendingSave) -> SaveReport:
+        """``pending.commit()``; a cancel (a stop at once, the grace period) that came while its COMMIT
+        call ran, and found it committed, still makes that step the resume point before it goes on."""
+        try:
+            return await pending.commit()
+        except asyncio.CancelledError:
+            if pending.committed:
+                self._committed_step = pending.step
+            raise
+
+    def _committed(self, report: SaveReport, waits_before: int) -> dict[str, Any]:
+        """Record a committed save (the run's resume point, and the next save's estimate); its event fields."""
         self.saves.append(report)
+        self._committed_step = report.step
+        self._save_times.record(report.total_s)
         waits = self.replay.barrier.stats().mutation_waits[waits_before:]
         return {
-            "saved": step,
+            "saved": report.step,
             "save_s": report.total_s,
             "window_s": report.window_s,
             "stall_max_s": max(waits, default=0.0),
@@ -320,7 +535,7 @@ class ControllerLoop:
         task = self._save_in_flight
         if task is not None:
             await asyncio.shield(task)  # cancelling the waiter must not cancel the save: the abort does that
-            self._save_in_flight = None  # only once it ended: a run stopped while waiting still aborts it
+            self._save_in_flight = self._save_in_flight_step = None  # only once it ended: a stop still aborts it
         self._raise_background_failure()
 
     def _raise_background_failure(self) -> None:
@@ -331,7 +546,7 @@ class ControllerLoop:
     async def _abort_save_in_flight(self) -> None:
         """The run stops early (failure, cancel, SIGTERM): the save in flight is cancelled, which aborts
         its transaction — nothing is committed and the newest committed bundle stays the resume point."""
-        task, self._save_in_flight = self._save_in_flight, None
+        task, self._save_in_flight, self._save_in_flight_step = self._save_in_flight, None, None
         if task is not None and not task.done():
             logger.warning("run stopping with a save in flight: aborting it (nothing of it is committed)")
             task.cancel()

@@ -27,7 +27,8 @@ from rlckpt.controller.capacity import check_cluster
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.connect import connect_only_data_plane, replay_buffer_spec
 from rlckpt.controller.handles import GeneratorHandle
-from rlckpt.controller.loop import LoopState, RunSummary
+from rlckpt.controller.loop import GenerateHook, LoopState, RunSummary
+from rlckpt.controller.stopping import StopRequest
 from rlckpt.controller.trainer_rank import SavePlannerFactory
 from rlckpt.controller.trainer_side import TrainerSide
 from rlckpt.errors import CheckpointError
@@ -50,20 +51,34 @@ class SingleController:
     restored: RestoredRun | None
     extra_actors: list[Any] = field(default_factory=list)
 
-    def run(self, on_event: Callable[[dict[str, Any]], None] | None = None) -> RunSummary:
-        """Run the actor to completion, forwarding its progress events; re-raises its failure."""
+    def run(
+        self,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+        stop_request: Callable[[], StopRequest | None] | None = None,
+    ) -> RunSummary:
+        """Run the actor to completion, forwarding its progress events; re-raises its failure.
+
+        ``stop_request`` is polled with the events: once it returns a request (the CLI's first SIGTERM)
+        the controller is asked to save and stop, and ``on_event`` gets ``{"event": "stop_requested"}``."""
         import ray
 
         ref = self.actor.run.remote()
+        forwarded = False
         try:
             while True:
                 ready, _ = ray.wait([ref], timeout=EVENT_POLL_S)
+                request = None if forwarded or stop_request is None else stop_request()
+                if request is not None:
+                    ray.get(self.actor.request_stop.remote(request))
+                    forwarded = True
+                    if on_event:
+                        on_event({"event": "stop_requested", "reason": request.reason, "grace_s": request.grace_s})
                 for event in ray.get(self.actor.drain_events.remote()):
                     if on_event:
                         on_event(event)
                 if ready:
                     return RunSummary(**ray.get(ref))
-        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: abort a save in flight cleanly before the actors go
+        except KeyboardInterrupt:  # Ctrl-C or a SIGTERM that stops at once: abort a save in flight cleanly
             self._stop_actor()
             raise
 
@@ -107,12 +122,17 @@ def _refuse_fresh_over_bundles(config: TrainConfig) -> BundleStore:
 
 
 def setup_single_controller(
-    config: TrainConfig, *, before_commit: SaveHook | None = None, save_planner: SavePlannerFactory | None = None
+    config: TrainConfig,
+    *,
+    before_commit: SaveHook | None = None,
+    save_planner: SavePlannerFactory | None = None,
+    before_generate: GenerateHook | None = None,
 ) -> SingleController:
     """Build everything on the driver (Ray must be running); restore the newest bundle unless fresh.
 
     ``before_commit`` (picklable) is awaited in the controller actor before each save's COMMIT;
-    ``save_planner`` (picklable) gives each trainer rank its DCP save planner (crash tests).
+    ``save_planner`` (picklable) gives each trainer rank its DCP save planner; ``before_generate``
+    (picklable) is awaited by the rollout pump before each batch is generated (crash and stop tests).
     """
     import ray
 
@@ -164,6 +184,7 @@ def setup_single_controller(
         restored=RestoredIndex.from_run(restored) if restored else None,
         before_commit=before_commit,
         row_copier=copier,
+        before_generate=before_generate,
     )
     extra_actors = [generator] + ([copier.actor] if copier is not None else [])
     actor = ray.remote(SingleControllerActor).options(num_cpus=0).remote(args, data_plane)  # 5

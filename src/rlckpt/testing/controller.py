@@ -9,6 +9,7 @@ second per step and check the restored index exactly as the controller actor doe
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,7 @@ from rlckpt.controller.assemble import assemble_controller
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.connect import replay_buffer_spec
 from rlckpt.controller.handles import LocalGenerator
-from rlckpt.controller.loop import ControllerLoop, LoopState, RunSummary
+from rlckpt.controller.loop import ControllerLoop, GenerateHook, LoopState, RunSummary
 from rlckpt.controller.trainer_group import LocalTrainerGroup
 from rlckpt.dataplane.base import DataPlaneClient
 from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
@@ -57,10 +58,13 @@ async def run_in_process(
     before_commit: SaveHook | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
     run: InProcessRun | None = None,
+    before_generate: GenerateHook | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> InProcessRun:
     """Resume (or start) ``config.run_dir`` and train to ``config.steps`` in this process.
 
-    ``run`` (optional) is filled as the run goes, so a test can reach the loop while it runs."""
+    ``run`` (optional) is filled as the run goes, so a test can reach the loop while it runs; ``clock``
+    replaces the wall clock the deadline (``config.save_by``) is planned on."""
     run = run if run is not None else InProcessRun()
     store = BundleStore(config.run_dir, config.storage_options)
     task = DigitSumTask(seed=config.task_seed, num_prompts=config.num_prompts)
@@ -92,9 +96,12 @@ async def run_in_process(
         restored=RestoredIndex.from_run(restored) if restored else None,
         row_copier=RowCopyWorker(InMemoryDataPlaneSpec(run.plane)),
         before_commit=before_commit,
+        before_generate=before_generate,
     )
     run.phase.require_ready("the connect-only data-plane client")
     data_plane = InMemoryDataPlaneSpec(run.plane).connect()
-    run.loop = await assemble_controller(args, store=store, data_plane=data_plane, on_event=on_event)
+    run.loop = await assemble_controller(
+        args, store=store, data_plane=data_plane, on_event=on_event, clock=clock or time.time
+    )
     run.summary = await run.loop.run()
     return run

@@ -1,11 +1,14 @@
-"""`rlckpt train` as a subprocess, for the end-to-end tests and the benchmarks: one command builder and
-one runner that returns the `--json` summary."""
+"""`rlckpt train` as a subprocess, for the end-to-end tests and the benchmarks: one command builder,
+one runner that returns the `--json` summary, and the kill of a run that must not outlive its test."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 RUN_TIMEOUT_S = 420  # one run: Ray and TransferQueue start-up dominate (≈30-45 s on 2 cores)
@@ -47,3 +50,15 @@ def run_train(run_dir: str, steps: int, *extra: str, env: dict[str, str] | None 
     assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
     summary: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return summary
+
+
+def kill_run(proc: subprocess.Popen[bytes], ray_dir: str) -> None:
+    """SIGKILL the driver started with ``start_new_session=True`` and every Ray process of its private
+    cluster (they name its temp dir ``ray_dir``); nothing else is touched."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the run's whole process group has exited already
+        pass
+    proc.wait(timeout=30)
+    subprocess.run(["pkill", "-9", "-f", ray_dir], check=False)
+    time.sleep(1.0)

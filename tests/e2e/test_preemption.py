@@ -1,0 +1,187 @@
+"""`rlckpt train` stopped by SIGTERM or a deadline, end to end: real Ray, TransferQueue and trainer
+ranks. Each stop point is a gate (rlckpt.testing.gates) the run waits at until the test has sent its
+signal, so the point is exact, not a guess. The interleavings are tested in-process in
+tests/controller/test_loop_stop.py; these are the real thing, one run per point.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlckpt.store import BundleStore
+from rlckpt.testing.gates import Gate
+from rlckpt.testing.store_checks import debris
+from rlckpt.testing.train_cli import RUN_TIMEOUT_S, kill_run, run_train, train_command
+
+pytestmark = pytest.mark.slow
+ACKNOWLEDGED = "saving at the next safe point"  # the driver has handed the stop to the controller
+DEADLINE_AFTER_S = 20.0  # the deadline test's deadline: this long after a whole uninterrupted run would end
+
+
+@dataclass
+class GatedProcess:
+    """`rlckpt train` started with gates, its stdout and stderr in files (a full pipe would stall it)."""
+
+    proc: subprocess.Popen[bytes]
+    gates: Path
+    out: Path
+    err: Path
+
+    def gate(self, name: str) -> Gate:
+        return Gate(str(self.gates), name)
+
+    def wait_until(self, what: str, ready: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not ready():
+            if self.proc.poll() is not None:
+                pytest.fail(f"the run exited {self.proc.returncode} before {what}:\n{self.stderr()[-3000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"no {what} within {RUN_TIMEOUT_S}s:\n{self.stderr()[-3000:]}")
+            time.sleep(0.2)
+
+    def wait_reached(self, name: str) -> None:
+        self.wait_until(f"gate {name}", self.gate(name).reached_path.exists)
+
+    def wait_acknowledged(self) -> None:
+        self.wait_until("the stop reaching the controller", lambda: ACKNOWLEDGED in self.stderr())
+
+    def sigterm(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+
+    def exit_code(self) -> int:
+        return self.proc.wait(timeout=RUN_TIMEOUT_S)
+
+    def stderr(self) -> str:
+        return self.err.read_text(errors="replace")
+
+    def summary(self) -> dict[str, Any]:
+        lines = self.out.read_text().strip().splitlines()
+        assert lines, f"no --json line on stdout:\n{self.stderr()[-3000:]}"
+        result: dict[str, Any] = json.loads(lines[-1])
+        return result
+
+
+@pytest.fixture
+def start_gated(tmp_path, ray_dir) -> Iterator[Callable[..., GatedProcess]]:
+    """Start `rlckpt train --json ...` with gates ``POINT:STEP,...``; whatever is left of it is killed after."""
+    started: list[GatedProcess] = []
+
+    def start(points: str, run_dir: str, steps: int, *extra: str) -> GatedProcess:
+        gates = tmp_path / "gates"
+        gates.mkdir()
+        cmd = train_command(
+            run_dir,
+            steps,
+            "--json",
+            "--ray-temp-dir",
+            ray_dir,
+            *extra,
+            module="rlckpt.testing.gates",
+            prefix=(str(gates), points),
+        )
+        out, err = tmp_path / "run.out", tmp_path / "run.err"
+        with open(out, "wb") as stdout, open(err, "wb") as stderr:
+            proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, start_new_session=True)
+        started.append(GatedProcess(proc, gates, out, err))
+        return started[-1]
+
+    yield start
+    for run in started:
+        kill_run(run.proc, ray_dir)
+
+
+@dataclass
+class Straight:
+    """0 → 8 uninterrupted, in_order, on local disk: the reference for exact resume, and how long a
+    whole run (Ray's start included) takes on this machine now."""
+
+    summary: dict[str, Any]
+    seconds: float
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> Straight:
+    started = time.monotonic()
+    summary = run_train(str(tmp_path_factory.mktemp("straight") / "run"), 8)
+    return Straight(summary, time.monotonic() - started)
+
+
+def test_sigterm_during_a_background_upload_on_s3_saves_the_step_reached_and_the_resume_is_bit_identical(
+    straight, start_gated, s3_run_url, s3_storage_options
+):
+    """The trainer ranks are held inside their write of step 4's policy (saves are async: training goes
+    on) when SIGTERM comes. The gate opens once the controller has the stop: save 4 is finished, not
+    aborted or taken twice, then the step reached is saved, and the run exits 0. A new run resumes
+    from that bundle and ends bit-identical to the uninterrupted one."""
+    options = json.dumps(s3_storage_options)
+    run = start_gated("upload:4", s3_run_url, 8, "--storage-options", options)
+    run.wait_reached("upload-4")
+    run.sigterm()
+    run.wait_acknowledged()
+    run.gate("upload-4").open()
+    assert run.exit_code() == 0, run.stderr()[-3000:]
+
+    first = run.summary()
+    reached = first["step"]
+    assert (first["stop_reason"], first["last_committed_step"]) == ("preempted", reached)
+    assert first["bundles"] == sorted({2, 4, reached}) == [save["step"] for save in first["saves"]]
+    assert f"rlckpt train: preempted: saved step {reached}, stopped" in run.stderr()
+    assert debris(BundleStore(s3_run_url, s3_storage_options)) == []
+
+    resumed = run_train(s3_run_url, 8, "--storage-options", options)
+    assert resumed["resumed_from"] == reached and resumed["stop_reason"] == "completed"
+    assert resumed["policy_sha256"] == straight.summary["policy_sha256"]
+    assert first["trained_draws"] + resumed["trained_draws"] == straight.summary["trained_draws"]
+
+
+def test_a_second_sigterm_during_the_final_save_aborts_it_and_the_previous_bundle_stays_newest(tmp_path, start_gated):
+    """SIGTERM while batch 5 is generated (step 5 trained, bundles 2 and 4 periodic); the final save of
+    step 5 is held before its COMMIT and a second SIGTERM comes: it is aborted cleanly, exit 143."""
+    run_dir = str(tmp_path / "run")
+    run = start_gated("generate:5,commit:5", run_dir, 8)
+    run.wait_reached("generate-5")
+    run.sigterm()
+    run.wait_reached("commit-5")
+    run.sigterm()
+    assert run.exit_code() == 143, run.stderr()[-3000:]
+
+    assert run.summary() == {
+        "stop_reason": "preempted",
+        "final_save_aborted": True,
+        "last_committed_step": 4,
+        "bundles": [2, 4],
+        "run_dir": run_dir,
+    }
+    assert "resume point: 4" in run.stderr()
+    store = BundleStore(run_dir)
+    assert store.steps() == [2, 4] and debris(store) == []
+
+
+def test_a_deadline_a_few_steps_ahead_saves_once_and_stops_cleanly(straight, tmp_path, start_gated):
+    """Batch 3 is never generated, so the run cannot pass step 3 and waits there for the deadline. The
+    deadline is set later than a whole uninterrupted run took here (Ray's start included), so steps
+    are trained by then; the stop comes at step 3 or, if the estimate of the save calls for it, a
+    step before. Either way: the step reached is saved once, the run exits 0 and says why."""
+    run_dir = str(tmp_path / "run")
+    deadline_s = straight.seconds + DEADLINE_AFTER_S
+    run = start_gated("generate:3", run_dir, 8, "--save-by-seconds", f"{deadline_s:.0f}")
+    assert run.exit_code() == 0, run.stderr()[-3000:]
+
+    summary = run.summary()
+    reached = summary["step"]
+    assert 1 <= reached <= 3
+    assert (summary["stop_reason"], summary["last_committed_step"]) == ("deadline", reached)
+    assert summary["bundles"] == [save["step"] for save in summary["saves"]] and summary["bundles"][-1] == reached
+    assert f"rlckpt train: deadline: stopping at step {reached} to save" in run.stderr()
+    assert "a save takes" in run.stderr()  # the estimate the stop was planned with
+    assert f"rlckpt train: deadline: saved step {reached}, stopped" in run.stderr()
+    assert debris(BundleStore(run_dir)) == []
