@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 
@@ -41,35 +43,39 @@ def ray_address() -> Iterator[str]:
             shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def _join(cli, tmp_path, ray_address: str, *argv: str):
-    """Run `rlckpt train` against the module's cluster; its refusal is the one line after the progress line."""
-    result = cli("train", "--run-dir", str(tmp_path / "run"), "--steps", "2", "--ray-address", ray_address, *argv)
-    lines = result.err.splitlines()
-    assert lines[-1].startswith("rlckpt train: error: ") and "Traceback" not in result.err, result.err
-    assert lines[:-1] == ["rlckpt train: starting TransferQueue and the controller ..."], result.err
-    return result
+def _join(tmp_path, ray_address: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """Run `rlckpt train` against the module's cluster; its refusal is the one line after the progress line.
+    In a process of its own: this one may be connected to another Ray cluster (the session's TransferQueue),
+    and a process joins one cluster at a time."""
+    command = [sys.executable, "-m", "rlckpt.cli.main", "train", "--run-dir", str(tmp_path / "run"), "--steps", "2"]
+    done = subprocess.run([*command, "--ray-address", ray_address, *argv], capture_output=True, text=True, timeout=300)
+    lines = [line for line in done.stderr.splitlines() if line.startswith("rlckpt train: ")]  # Ray may log too
+    assert "Traceback" not in done.stderr, done.stderr
+    assert lines == ["rlckpt train: starting TransferQueue and the controller ...", lines[-1]], done.stderr
+    assert lines[-1].startswith("rlckpt train: error: "), done.stderr
+    return done
 
 
-def test_a_resource_no_node_offers_is_named(cli, tmp_path, ray_address):
-    result = _join(cli, tmp_path, ray_address, "--trainer-resources", '{"gpu_slot": 1}')
-    assert result.code == 64
-    assert "--trainer-resources asks for 'gpu_slot', which no node of the Ray cluster offers" in result.err
-    assert "trainer_slot" in result.err  # what they do offer
+def test_a_resource_no_node_offers_is_named(tmp_path, ray_address):
+    result = _join(tmp_path, ray_address, "--trainer-resources", '{"gpu_slot": 1}')
+    assert result.returncode == 64
+    assert "--trainer-resources asks for 'gpu_slot', which no node of the Ray cluster offers" in result.stderr
+    assert "trainer_slot" in result.stderr  # what they do offer
 
 
-def test_more_of_a_resource_than_any_node_has_is_refused(cli, tmp_path, ray_address):
-    result = _join(cli, tmp_path, ray_address, "--trainer-resources", '{"trainer_slot": 2}')
-    assert result.code == 64
-    assert "2 'trainer_slot'" in result.err and "no node of the Ray cluster has more than 1" in result.err
+def test_more_of_a_resource_than_any_node_has_is_refused(tmp_path, ray_address):
+    result = _join(tmp_path, ray_address, "--trainer-resources", '{"trainer_slot": 2}')
+    assert result.returncode == 64
+    assert "2 'trainer_slot'" in result.stderr and "no node of the Ray cluster has more than 1" in result.stderr
 
 
-def test_more_ranks_than_the_nodes_hold_are_refused(cli, tmp_path, ray_address):
-    result = _join(cli, tmp_path, ray_address, "--trainer-ranks", "100000")
-    assert result.code == 64
-    assert "--trainer-ranks 100000: the Ray cluster (1 node) holds at most" in result.err
+def test_more_ranks_than_the_nodes_hold_are_refused(tmp_path, ray_address):
+    result = _join(tmp_path, ray_address, "--trainer-ranks", "100000")
+    assert result.returncode == 64
+    assert "--trainer-ranks 100000: the Ray cluster (1 node) holds at most" in result.stderr
 
 
-def test_ranks_beyond_the_nodes_custom_resources_are_refused(cli, tmp_path, ray_address):
-    result = _join(cli, tmp_path, ray_address, "--trainer-ranks", "2", "--trainer-resources", '{"trainer_slot": 1}')
-    assert result.code == 64
-    assert "--trainer-ranks 2: the Ray cluster (1 node) holds at most 1 trainer ranks" in result.err
+def test_ranks_beyond_the_nodes_custom_resources_are_refused(tmp_path, ray_address):
+    result = _join(tmp_path, ray_address, "--trainer-ranks", "2", "--trainer-resources", '{"trainer_slot": 1}')
+    assert result.returncode == 64
+    assert "--trainer-ranks 2: the Ray cluster (1 node) holds at most 1 trainer ranks" in result.stderr

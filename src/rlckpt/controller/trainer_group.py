@@ -119,8 +119,20 @@ class TrainerGroupHandle(_RankCalls):
 
 async def gather_ranks(what: str, calls: list[asyncio.Future[Any]], timeout_s: float) -> list[Any]:
     """Wait for every rank's call (not just the first failure: a dead rank makes the others fail too, and
-    the report should name the dead one), at most ``timeout_s``; TrainerGroupError naming each failure."""
-    done, pending = await asyncio.wait(calls, timeout=timeout_s)
+    the report should name the dead one), at most ``timeout_s``; TrainerGroupError naming each failure.
+
+    A caller cancelled meanwhile still waits, at most ``timeout_s`` more, for the ranks to finish what they
+    were asked before it goes on cancelling: what it does next (a save's abort, which removes what the
+    transaction holds) must not run while a rank still writes into it, or the rank's files would land
+    after the abort and stay behind. A second cancel stops that wait."""
+    try:
+        done, pending = await asyncio.wait(calls, timeout=timeout_s)
+    except asyncio.CancelledError:
+        unfinished = [call for call in calls if not call.done()]
+        if unfinished:
+            logger.info("%s: cancelled; waiting for %d trainer rank(s) to finish first", what, len(unfinished))
+            await asyncio.wait(unfinished, timeout=timeout_s)
+        raise
     failures = []
     for rank, call in enumerate(calls):
         if call in pending:
