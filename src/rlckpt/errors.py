@@ -86,6 +86,12 @@ class LostWriteError(StoreError):
     committed (gc or another writer touched what this transaction owns)."""
 
 
+class MalformedRecordError(StoreError, ValueError):
+    """A store record (the write-ahead intent) is not in the form this rlckpt writes: a field missing, of
+    another type, unknown, or a format it does not read. Names the record and the field. An intent that
+    does not read still holds its step: it ages by its modification time (docs/store-protocol.md)."""
+
+
 class UnsafeObjectError(StoreError):
     """An object in a run cannot be read safely: larger than its cap, or not a regular file."""
 
