@@ -152,7 +152,8 @@ class InventoryMismatchError(ReplayError):
 
 
 class ReplayStateError(ReplayError):
-    """A replay index cannot be loaded: digest, partition, group size or schema mismatch."""
+    """A replay index cannot be loaded: a field missing, of another type or unknown (named with its path),
+    a format this rlckpt does not read, or a digest, partition or group size mismatch."""
 
 
 # --- controller / checkpoint ------------------------------------------------------------------
