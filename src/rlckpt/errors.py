@@ -200,7 +200,9 @@ class TrainerStateError(GRPOError, CheckpointError):
 
 
 class LoaderStateError(GRPOError, CheckpointError):
-    """A saved dataloader position does not fit this loader (seed, batch size or task differ)."""
+    """A saved dataloader position cannot be loaded: a field missing, of another type or unknown (named with
+    its path), a format this rlckpt does not read, or a position for another loader (seed, batch size or
+    task differ)."""
 
 
 class WeightsNotSetError(GRPOError):

@@ -11,7 +11,7 @@ from rlckpt.checkpoint.save import SaveHook
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.connect import ReplayBufferSpec
 from rlckpt.controller.handles import Generator, Trainer
-from rlckpt.controller.loop import LoopState
+from rlckpt.controller.loop_state import LoopState
 from rlckpt.grpo import DigitSumTask, PromptLoader
 
 
