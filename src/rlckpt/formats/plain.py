@@ -19,11 +19,11 @@ def plain_int(value: Any, path: str) -> int:
     """
     dtype = str(getattr(value, "dtype", ""))
     if isinstance(value, bool) or dtype in ("bool", "torch.bool") or getattr(value, "ndim", 0) != 0:
-        raise Refusal(path, f"expected int, got {type_name(value)}{_dtype(value)}")
+        raise Refusal(f"expected int, got {type_name(value)}{_dtype(value)}", path)
     try:
         return operator.index(value)
     except TypeError:
-        raise Refusal(path, f"expected int, got {type_name(value)}{_dtype(value)}") from None
+        raise Refusal(f"expected int, got {type_name(value)}{_dtype(value)}", path) from None
 
 
 def plain_optional_int(value: Any, path: str) -> int | None:
@@ -33,7 +33,7 @@ def plain_optional_int(value: Any, path: str) -> int | None:
     try:
         return plain_int(value, path)
     except Refusal as refusal:
-        raise Refusal(path, refusal.problem.replace("expected int", "expected int or None", 1)) from None
+        raise Refusal(refusal.problem.replace("expected int", "expected int or None", 1), path) from None
 
 
 def _dtype(value: Any) -> str:

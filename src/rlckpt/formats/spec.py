@@ -22,13 +22,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-class Refusal(Exception):
-    """Where a value breaks its declaration: the field path and what is wrong (``Record.check`` turns it
-    into the record's own error)."""
+class MapKey(str):
+    """A key of a map (a name the writer chose): always shown in brackets, never as a declared field."""
 
-    def __init__(self, path: str, problem: str) -> None:
-        super().__init__(f"{path}: {problem}" if path else problem)
-        self.path, self.problem = path, problem
+
+class Refusal(Exception):
+    """Where a value breaks its declaration: the steps from the record down to it (field names, list
+    indexes, map keys) and what is wrong. Containers add their step as it passes up, so a value that
+    fits costs no path at all; ``Record.check`` turns it into the record's own error."""
+
+    def __init__(self, problem: str, *steps: Any) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.steps: list[Any] = list(steps)  # field names, list indexes, MapKeys
+
+    @property
+    def path(self) -> str:
+        """``groups[3].target_step``, ``pending['g00000016'].draw_seq``; '' at the record itself."""
+        path = ""
+        for step in self.steps:
+            path = field_path(path, step)
+        return path
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.problem}" if self.steps else self.problem
 
 
 def type_name(value: Any) -> str:
@@ -45,12 +62,13 @@ def type_name(value: Any) -> str:
 
 
 def field_path(parent: str, key: Any) -> str:
-    """``groups[3]`` + ``target_step`` → ``groups[3].target_step``; a key that is not a name in brackets."""
+    """``groups[3]`` + ``target_step`` → ``groups[3].target_step``; a map key, or a key that is not a
+    name, in brackets."""
     if isinstance(key, int) and not isinstance(key, bool):
         return f"{parent}[{key}]"
-    if isinstance(key, str) and key.isidentifier():
+    if type(key) is str and key.isidentifier():
         return f"{parent}.{key}" if parent else key
-    return f"{parent}[{key!r:.80}]"
+    return f"{parent}[{str.__repr__(key) if isinstance(key, str) else repr(key):.80}]"
 
 
 def _shown(value: Any) -> str:
@@ -68,8 +86,8 @@ class Kind(abc.ABC):
         """In refusals and in docs/formats.md: ``int ≥ 0``, ``list of str``, ``int or null``."""
 
     @abc.abstractmethod
-    def check(self, value: Any, path: str) -> None:
-        """Raise Refusal(path, ...) unless `value` is of this kind."""
+    def check(self, value: Any) -> None:
+        """Raise Refusal unless `value` is of this kind."""
 
     def objects(self) -> Iterator[tuple[str, Obj]]:
         """The objects with declared fields a value of this kind holds, each with the path suffix that
@@ -77,8 +95,8 @@ class Kind(abc.ABC):
         its own table."""
         return iter(())
 
-    def wrong(self, value: Any, path: str) -> Refusal:
-        return Refusal(path, f"expected {self.describe()}, got {type_name(value)}")
+    def wrong(self, value: Any) -> Refusal:
+        return Refusal(f"expected {self.describe()}, got {type_name(value)}")
 
 
 @dataclass(frozen=True)
@@ -97,11 +115,11 @@ class Int(Kind):
             return f"int ≤ {self.maximum}"
         return "int"
 
-    def check(self, value: Any, path: str) -> None:
+    def check(self, value: Any) -> None:
         if type(value) is not int:
-            raise self.wrong(value, path)
+            raise self.wrong(value)
         if (self.minimum is not None and value < self.minimum) or (self.maximum is not None and value > self.maximum):
-            raise Refusal(path, f"expected {self.describe()}, got {value}")
+            raise Refusal(f"expected {self.describe()}, got {value}")
 
 
 @dataclass(frozen=True)
@@ -111,11 +129,11 @@ class Number(Kind):
     def describe(self) -> str:
         return "number"
 
-    def check(self, value: Any, path: str) -> None:
+    def check(self, value: Any) -> None:
         if type(value) not in (int, float):
-            raise self.wrong(value, path)
+            raise self.wrong(value)
         if not math.isfinite(value):
-            raise Refusal(path, f"expected a finite number, got {value}")
+            raise Refusal(f"expected a finite number, got {value}")
 
 
 @dataclass(frozen=True)
@@ -123,9 +141,9 @@ class Bool(Kind):
     def describe(self) -> str:
         return "bool"
 
-    def check(self, value: Any, path: str) -> None:
+    def check(self, value: Any) -> None:
         if type(value) is not bool:
-            raise self.wrong(value, path)
+            raise self.wrong(value)
 
 
 @dataclass(frozen=True)
@@ -145,13 +163,13 @@ class Str(Kind):
             return f"str matching {self.pattern}"
         return "str"
 
-    def check(self, value: Any, path: str) -> None:
+    def check(self, value: Any) -> None:
         if type(value) is not str:
-            raise self.wrong(value, path)
+            raise self.wrong(value)
         if (self.choices and value not in self.choices) or (
             self.pattern is not None and re.fullmatch(self.pattern, value) is None
         ):
-            raise Refusal(path, f"expected {self.describe()}, got {_shown(value)}")
+            raise Refusal(f"expected {self.describe()}, got {_shown(value)}")
 
 
 SHA256_HEX = Str(pattern="[0-9a-f]{64}", meaning="sha256 hex digest (64 lowercase hex digits)")
@@ -166,9 +184,9 @@ class Const(Kind):
     def describe(self) -> str:
         return str(self.value)
 
-    def check(self, value: Any, path: str) -> None:
+    def check(self, value: Any) -> None:
         if type(value) is not int or value != self.value:
-            raise Refusal(path, f"expected {self.value}, got {_shown(value)}")
+            raise Refusal(f"expected {self.value}, got {_shown(value)}")
 
 
 @dataclass(frozen=True)
@@ -178,16 +196,16 @@ class Nullable(Kind):
     def describe(self) -> str:
         return f"{self.inner.describe()} or null"
 
-    def check(self, value: Any, path: str) -> None:
+    def check(self, value: Any) -> None:
         if value is None:
             return
         try:
-            self.inner.check(value, path)
+            self.inner.check(value)
         except Refusal as refusal:
-            if refusal.path != path:  # refused deeper inside: that names the field
+            if refusal.steps:  # refused deeper inside: that names the field
                 raise
             expected = f"expected {self.inner.describe()}"
-            raise Refusal(path, refusal.problem.replace(expected, f"expected {self.describe()}", 1)) from None
+            raise Refusal(refusal.problem.replace(expected, f"expected {self.describe()}", 1)) from None
 
     def objects(self) -> Iterator[tuple[str, Obj]]:
         return self.inner.objects()
@@ -202,19 +220,23 @@ class ListOf(Kind):
     def describe(self) -> str:
         return f"list of {self.item.describe()}"
 
-    def check(self, value: Any, path: str) -> None:
+    def check(self, value: Any) -> None:
         if type(value) not in (list, tuple):
-            raise self.wrong(value, path)
-        identity = self.item.identity if isinstance(self.item, Obj) else None
+            raise self.wrong(value)
         for i, item in enumerate(value):
             try:
-                self.item.check(item, f"{path}[{i}]")
+                self.item.check(item)
             except Refusal as refusal:
-                name = item.get(identity) if identity is not None and type(item) is dict else None
-                if type(name) is not str or refusal.path == f"{path}[{i}]":
-                    raise
-                named = f"{refusal.problem} (in the {self.item.describe().removesuffix(' object')} {name!r:.80})"
-                raise Refusal(refusal.path, named) from None
+                self._name_the_item(refusal, item)
+                refusal.steps.insert(0, i)
+                raise
+
+    def _name_the_item(self, refusal: Refusal, item: Any) -> None:
+        """A refusal inside an object that has a name of its own (``identity``) says which one it is."""
+        identity = self.item.identity if isinstance(self.item, Obj) else None
+        name = item.get(identity) if identity is not None and type(item) is dict else None
+        if refusal.steps and type(name) is str:
+            refusal.problem += f" (in the {self.item.describe().removesuffix(' object')} {name!r:.80})"
 
     def objects(self) -> Iterator[tuple[str, Obj]]:
         for suffix, obj in self.item.objects():
@@ -231,13 +253,17 @@ class Tuple(Kind):
     def describe(self) -> str:
         return "[" + ", ".join(f"{n}: {k.describe()}" for n, k in zip(self.names, self.items, strict=True)) + "]"
 
-    def check(self, value: Any, path: str) -> None:
-        if type(value) not in (list, tuple) or len(value) != len(self.items):
-            if type(value) in (list, tuple):
-                raise Refusal(path, f"expected {len(self.items)} items {list(self.names)}, got {len(value)}")
-            raise self.wrong(value, path)
+    def check(self, value: Any) -> None:
+        if type(value) not in (list, tuple):
+            raise self.wrong(value)
+        if len(value) != len(self.items):
+            raise Refusal(f"expected {len(self.items)} items {list(self.names)}, got {len(value)}")
         for i, (kind, item) in enumerate(zip(self.items, value, strict=True)):
-            kind.check(item, f"{path}[{i}]")
+            try:
+                kind.check(item)
+            except Refusal as refusal:
+                refusal.steps.insert(0, i)
+                raise
 
 
 @dataclass(frozen=True)
@@ -251,16 +277,19 @@ class MapOf(Kind):
         key = "" if self.key == Str() else f" ({self.key.describe()})"
         return f"object of str{key} → {self.value.describe()}"
 
-    def check(self, value: Any, path: str) -> None:
+    def check(self, value: Any) -> None:
         if type(value) is not dict:
-            raise self.wrong(value, path)
+            raise self.wrong(value)
         for key, item in value.items():
-            where = f"{path}[{key!r:.80}]"  # a key the writer chose, never mistaken for a declared field
             try:
-                self.key.check(key, where)
+                self.key.check(key)
             except Refusal as refusal:
-                raise Refusal(where, f"key: {refusal.problem}") from None
-            self.value.check(item, where)
+                raise Refusal(f"key: {refusal.problem}", MapKey(key) if type(key) is str else key) from None
+            try:
+                self.value.check(item)
+            except Refusal as refusal:
+                refusal.steps.insert(0, MapKey(key))
+                raise
 
     def objects(self) -> Iterator[tuple[str, Obj]]:
         for suffix, obj in self.value.objects():
@@ -274,7 +303,7 @@ class Anything(Kind):
     def describe(self) -> str:
         return "any"
 
-    def check(self, value: Any, path: str) -> None:
+    def check(self, value: Any) -> None:
         return None
 
 
@@ -296,24 +325,29 @@ class Obj(Kind):
     fields: tuple[Field, ...]
     closed: bool = True
     identity: str | None = None  # the field that names one in a list ("group_id"): refusals inside name it
+    _known: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_known", frozenset(spec.name for spec in self.fields))
 
     def describe(self) -> str:
         return f"{self.name} object"
 
-    def check(self, value: Any, path: str) -> None:
+    def check(self, value: Any) -> None:
         if type(value) is not dict:
-            raise self.wrong(value, path)
+            raise self.wrong(value)
         for spec in self.fields:
-            where = field_path(path, spec.name)
             if spec.name in value:
-                spec.kind.check(value[spec.name], where)
+                try:
+                    spec.kind.check(value[spec.name])
+                except Refusal as refusal:
+                    refusal.steps.insert(0, spec.name)
+                    raise
             elif spec.required:
-                raise Refusal(where, f"missing (required: {spec.kind.describe()})")
-        if self.closed:
-            known = {spec.name for spec in self.fields}
-            for key in value:
-                if key not in known:
-                    raise Refusal(field_path(path, key), f"unknown field (the {self.name} is a closed record)")
+                raise Refusal(f"missing (required: {spec.kind.describe()})", spec.name)
+        if self.closed and not self._known.issuperset(value):
+            unknown = next(key for key in value if key not in self._known)
+            raise Refusal(f"unknown field (the {self.name} is a closed record)", unknown)
 
     def field(self, name: str) -> Field:
         """The declaration of field `name` (KeyError if this object has none)."""
@@ -365,7 +399,7 @@ class Record:
         """Refuse `value` unless it is this record in this format, with ``error`` naming `where` (step and
         file), the record and the field path."""
         try:
-            self.body.check(value, "")
+            self.body.check(value)
         except Refusal as refusal:
             raise self.refusal(refusal.path, refusal.problem, where) from None
 

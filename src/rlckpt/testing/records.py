@@ -18,6 +18,7 @@ from rlckpt.formats import (
     Int,
     Kind,
     ListOf,
+    MapKey,
     MapOf,
     Nullable,
     Number,
@@ -127,12 +128,12 @@ def _walk(kind: Kind, keys: list[Any], path: str, value: Any, pool: Sequence[Any
             yield from _walk(item_kind, [*keys, i], f"{path}[{i}]", value[i], pool)
     elif isinstance(kind, MapOf) and isinstance(value, dict) and value:
         key = next(iter(value))
-        yield from _walk(kind.value, [*keys, key], f"{path}[{key!r}]", value[key], pool)
+        yield from _walk(kind.value, [*keys, key], field_path(path, MapKey(key)), value[key], pool)
 
 
 def _refuses(kind: Kind, value: Any) -> bool:
     try:
-        kind.check(value, "")
+        kind.check(value)
     except Refusal:
         return True
     return False
