@@ -86,6 +86,12 @@ class LostWriteError(StoreError):
     committed (gc or another writer touched what this transaction owns)."""
 
 
+class MalformedRecordError(StoreError, ValueError):
+    """A store record (the write-ahead intent) is not in the form this rlckpt writes: a field missing, of
+    another type, unknown, or a format it does not read. Names the record and the field. An intent that
+    does not read still holds its step: it ages by its modification time (docs/store-protocol.md)."""
+
+
 class UnsafeObjectError(StoreError):
     """An object in a run cannot be read safely: larger than its cap, or not a regular file."""
 
@@ -146,7 +152,8 @@ class InventoryMismatchError(ReplayError):
 
 
 class ReplayStateError(ReplayError):
-    """A replay index cannot be loaded: digest, partition, group size or schema mismatch."""
+    """A replay index cannot be loaded: a field missing, of another type or unknown (named with its path),
+    a format this rlckpt does not read, or a digest, partition or group size mismatch."""
 
 
 # --- controller / checkpoint ------------------------------------------------------------------
@@ -209,7 +216,9 @@ class TrainerStateError(GRPOError, CheckpointError):
 
 
 class LoaderStateError(GRPOError, CheckpointError):
-    """A saved dataloader position does not fit this loader (seed, batch size or task differ)."""
+    """A saved dataloader position cannot be loaded: a field missing, of another type or unknown (named with
+    its path), a format this rlckpt does not read, or a position for another loader (seed, batch size or
+    task differ)."""
 
 
 class WeightsNotSetError(GRPOError):

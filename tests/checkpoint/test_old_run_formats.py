@@ -84,7 +84,7 @@ def test_an_old_bundle_restores_its_whole_policy_loader_and_transferqueue_snapsh
 @pytest.mark.parametrize("run_format", [1, 2])
 def test_an_old_bundles_replay_index_loads_in_todays_format_under_the_digest_restore_hands_on(run_format, tmp_path):
     result, _, _, _ = _restore(OLD[run_format].copy_run(tmp_path))
-    assert result.replay_state["schema_version"] == REPLAY_INDEX_FORMAT
+    assert result.replay_state["format"] == REPLAY_INDEX_FORMAT
     replay = ReplayBuffer(InMemoryDataPlane(), DataPlaneCheckpointBarrier(), partition_id="rollouts", group_size=8)
     replay.load_state_dict(result.replay_state, expected_digest=result.index_digest)
     assert len(replay) == result.group_count == 8

@@ -5,6 +5,7 @@ in-memory adapter (the real-TransferQueue path runs in tests/e2e).
 """
 
 import asyncio
+import dataclasses
 import json
 
 import pytest
@@ -13,7 +14,7 @@ import torch
 from rlckpt.checkpoint import codec, layout
 from rlckpt.checkpoint.save import SaveParticipants, StagedBytes, save_bundle
 from rlckpt.dataplane.memory import InMemoryDataPlane
-from rlckpt.errors import BundleExistsError, InventoryMismatchError
+from rlckpt.errors import BundleExistsError, CheckpointError, InventoryMismatchError
 from rlckpt.replay import DataPlaneCheckpointBarrier, ReplayBuffer
 from rlckpt.store import BundleStore
 
@@ -263,3 +264,16 @@ def test_a_failed_window_drops_the_staged_policy_unwritten(store_location):
         asyncio.run(save_bundle(parts, 2))
     assert policy.outcome == "discarded"
     assert _no_transaction_left(url, options)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [({"rollout_order": "sideways"}, "rollout_order"), ({"extra_metadata": {"trainer_ranks": "two"}}, "trainer_ranks")],
+)
+def test_a_save_refuses_to_commit_run_bundle_metadata_no_restore_would_read(store_location, change, field):
+    url, options = store_location
+    parts, _ = asyncio.run(_parts(url, options))
+    parts = dataclasses.replace(parts, **change)
+    with pytest.raises(CheckpointError, match=f"refusing to commit .*run-bundle metadata: {field}: expected"):
+        asyncio.run(save_bundle(parts, 2))
+    assert BundleStore(url, options).entries() == []

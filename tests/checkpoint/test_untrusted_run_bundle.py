@@ -19,7 +19,7 @@ from rlckpt.checkpoint.restore import PolicyLocation, restore_run
 from rlckpt.controller.config import TrainConfig
 from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
 from rlckpt.dcp import BundleStorageWriter
-from rlckpt.errors import CheckpointError, UnsafeContentError
+from rlckpt.errors import CheckpointError
 from rlckpt.grpo import GRPOConfig
 from rlckpt.grpo.trainer import Trainer
 from rlckpt.store import BundleStore
@@ -91,11 +91,14 @@ def test_resuming_a_bundle_whose_trainer_record_runs_code_is_refused_before_it_r
     assert not marker.exists()
 
 
-def test_a_loader_state_that_runs_code_is_refused_before_it_runs(run, tmp_path):
+def test_a_loader_state_that_runs_code_is_skipped_before_anything_loads(run, tmp_path):
     marker = tmp_path / "ran"
     forge_step(run, 4, 6, {layout.LOADER_FILE: code_torch_save(marker)})
-    with pytest.raises(UnsafeContentError, match=r"step 6: train_dataloader\.pt: refused to unpickle: .*exec"):
-        restore(run, InMemoryStore())
+    plane = InMemoryStore()
+    restored = restore(run, plane)
+    assert restored.step == 4 and [s.step for s in restored.skipped] == [6]
+    reason = restored.skipped[0].reason
+    assert "step 6: train_dataloader.pt: refused to unpickle: it asks for __builtin__.exec" in reason
     assert not marker.exists()
 
 
@@ -103,8 +106,10 @@ def test_a_loader_state_in_torchs_legacy_format_is_refused_unread(run):
     buffer = io.BytesIO()
     torch.save({"format": 1, "step": 4}, buffer, _use_new_zipfile_serialization=False)
     forge_step(run, 4, 6, {layout.LOADER_FILE: buffer.getvalue()})
-    with pytest.raises(UnsafeContentError, match=r"step 6: train_dataloader\.pt: refused to load: not a torch\.save"):
-        restore(run, InMemoryStore())
+    plane = InMemoryStore()
+    with pytest.raises(CheckpointError, match=r"step 6: train_dataloader\.pt: refused to load: not a torch\.save"):
+        restore(run, plane, resume_step=6)
+    assert plane.is_empty()
 
 
 def test_a_replay_index_that_runs_code_is_skipped_and_the_bundle_before_it_resumed(run, tmp_path):

@@ -87,7 +87,7 @@ def test_intent_whose_txid_has_control_characters_is_unreadable_and_shown_escape
     result = cli("ls", run.url, *run.options_args())
     header, row = result.out.splitlines()
     assert row.split()[:2] == ["7", "writing"]  # unreadable but fresh: it still holds the step
-    assert "bad txid" in row and _raw_controls(result.out) == []
+    assert "txid: expected txid" in row and _raw_controls(result.out) == []
     dry = cli("gc", run.url, "--dry-run", *run.options_args())
     assert dry.code == 0 and _raw_controls(dry.out) == []
 

@@ -190,7 +190,15 @@ def test_resume_step_of_a_run_bundle_missing_a_piece_is_refused_naming_it(cli, r
     with BundleStore(run.url, run.storage_options).begin(2) as tx:
         for rel in (layout.POLICY_METADATA, layout.REPLAY_FILE, layout.DATA_PLANE_METADATA):  # no loader
             tx.write_bytes(rel, b"x")
-        tx.commit({layout.META_FORMAT: layout.RUN_BUNDLE_FORMAT})
+        digest, order = "0" * 64, {layout.META_ROLLOUT_ORDER: "in_order"}
+        data_plane = {"index_digest": digest, "group_count": 0, "step": 2, "partition_id": "rollouts", **order}
+        tx.commit(
+            {
+                layout.META_FORMAT: layout.RUN_BUNDLE_FORMAT,
+                **{"index_digest": digest, "group_count": 0, layout.META_UPLOAD_TIMING: "pinned", **order},
+                "data_plane": data_plane,
+            }
+        )
     result = cli("train", "--run-dir", run.url, *run.options_args(), "--steps", "4", "--resume-step", "2")
     assert result.code == 3
     assert "cannot resume step 2" in _one_line(result) and layout.LOADER_FILE in result.err

@@ -219,7 +219,7 @@ def test_fresh_over_committed_bundles_is_refused_before_anything_starts(tmp_path
 
 
 def test_a_dataloader_state_of_another_format_is_refused():
-    from rlckpt.controller.loop import LoopState
+    from rlckpt.controller.loop_state import LoopState
     from rlckpt.errors import LoaderStateError
 
     task = DigitSumTask(seed=0, num_prompts=64)

@@ -52,7 +52,7 @@ def _with_header(data: bytes, edit) -> bytes:
         (lambda data: data[:-1], "does not fit"),
         (
             lambda data: _with_header(data, lambda h: h["fields"]["completion"][0].__setitem__(0, "object")),
-            "bad row entry",
+            r"rows header: fields\['completion'\]\[0\]\[0\]: expected one of 'float64'",
         ),
         (lambda data: _with_header(data, lambda h: h["fields"]["completion"][0].__setitem__(2, 10**9)), "does not fit"),
         (lambda data: _with_header(data, lambda h: h["keys"].pop()), "one entry per key"),
@@ -85,14 +85,44 @@ def test_restore_onto_a_plane_another_client_wrote_is_refused(tmp_path):
         asyncio.run(restore_snapshot(InMemoryDataPlane(plane), _snapshot(tmp_path)))
 
 
+class _FailingPuts(InMemoryDataPlane):
+    """A plane whose puts fail after the first: a restore that fails half way."""
+
+    async def put_samples(self, partition_id, keys, fields, tags=None):
+        if self.store.rows:
+            raise OSError("the data plane went away")
+        await super().put_samples(partition_id, keys, fields, tags)
+
+
 def test_a_failed_rows_restore_closes_the_client_to_further_loads(tmp_path):
     snapshot = _snapshot(tmp_path)
-    (snapshot / "rows-000000.bin").write_bytes(b"garbage")
-    client = InMemoryDataPlane(InMemoryStore())
+    client = _FailingPuts(InMemoryStore())
     with pytest.raises(RestoreRefusedError, match="load failed"):
         asyncio.run(restore_snapshot(client, snapshot))
     with pytest.raises(RestoreRefusedError, match="earlier load .* failed"):
         asyncio.run(restore_snapshot(client, snapshot))
+
+
+def test_a_damaged_rows_file_is_refused_before_any_row_goes_back(tmp_path):
+    snapshot = _snapshot(tmp_path)
+    (snapshot / "rows-000001.bin").write_bytes(b"garbage")
+    document = json.loads((snapshot / "metadata.json").read_text())
+    document["rlckpt_rows"]["files"].append("rows-000001.bin")
+    (snapshot / "metadata.json").write_text(json.dumps(document))
+    plane = InMemoryStore()
+    with pytest.raises(DataPlaneError, match="rows-000001.bin: too short for a rows file"):
+        asyncio.run(restore_snapshot(InMemoryDataPlane(plane), snapshot))
+    assert plane.is_empty()  # the good file before it was not restored either
+
+
+@pytest.mark.parametrize("name", ["../rows-000000.bin", "/etc/passwd", "rows-0.bin"])
+def test_a_rows_file_name_that_is_not_a_plain_rows_name_is_refused(tmp_path, name):
+    snapshot = _snapshot(tmp_path)
+    document = json.loads((snapshot / "metadata.json").read_text())
+    document["rlckpt_rows"]["files"] = [name]
+    (snapshot / "metadata.json").write_text(json.dumps(document))
+    with pytest.raises(DataPlaneError, match=r"rows snapshot: files\[0\]: expected `rows-NNNNNN.bin`"):
+        asyncio.run(restore_snapshot(InMemoryDataPlane(InMemoryStore()), snapshot))
 
 
 def test_metadata_keeps_transferqueues_layout(tmp_path):

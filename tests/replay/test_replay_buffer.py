@@ -315,10 +315,10 @@ def test_load_refuses_more_groups_than_max_groups():
         make(max_groups=2).load_state_dict(state, expected_digest=state["digest"])
 
 
-def test_load_refuses_another_schema_version():
+def test_load_refuses_another_format():
     _, state = saved_buffer()
-    state = dict(state, schema_version=99)
-    with pytest.raises(ReplayStateError, match="schema"):
+    state = dict(state, format=2)
+    with pytest.raises(ReplayStateError, match="load_state_dict: replay index: format: expected 3, got 2"):
         make().load_state_dict(state, expected_digest=state["digest"])
 
 
@@ -362,3 +362,52 @@ def test_a_captured_index_serializes_like_metadata_state_dict_and_ignores_later_
     asyncio.run(buf.remove_group(buf.groups()[0].group_id))
     assert captured.state_dict() == before
     assert captured.state_dict() != buf.metadata_state_dict()
+
+
+# --- plain values at entry -------------------------------------------------------------------------
+
+
+def test_reserve_and_commit_take_numpy_and_tensor_integer_scalars_as_the_ints_they_hold():
+    import numpy as np
+
+    async def main():
+        buf = make()
+        gid = buf.reserve(np.int64(2), target_step=torch.tensor(3))
+        await buf.commit(gid, group_rows(0), start_weight=np.int32(1), end_weight=torch.tensor(2))
+        return buf
+
+    buf = run(main())
+    record = buf.group("g00000000")
+    values = (record.weight_version, record.target_step, record.start_weight, record.end_weight)
+    assert values == (2, 3, 1, 2) and all(type(v) is int for v in values)
+    state = buf.metadata_state_dict()
+    make().load_state_dict(torch.load(_saved(state), weights_only=True), expected_digest=state["digest"])
+
+
+def _saved(state):
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return buffer
+
+
+@pytest.mark.parametrize(
+    ("weight_version", "target_step", "refused"),
+    [(True, None, "weight_version: expected int, got bool"), (0, 1.0, "target_step: expected int or None, got float")],
+)
+def test_reserve_refuses_a_value_no_save_could_write_back_as_an_int(weight_version, target_step, refused):
+    buf = make()
+    with pytest.raises(ReplayError, match=f"^reserve: {refused}$"):
+        buf.reserve(weight_version, target_step)
+    assert len(buf) == 0
+
+
+def test_commit_refuses_a_float_weight_before_writing_anything():
+    plane = InMemoryDataPlane()
+    buf = make(plane)
+    gid = buf.reserve(0)
+    with pytest.raises(ReplayError, match="^commit: start_weight: expected int, got float"):
+        run(buf.commit(gid, group_rows(0), start_weight=0.5, end_weight=1))
+    assert plane.store.is_empty() and not buf.group(gid).committed

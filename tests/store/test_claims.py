@@ -138,9 +138,9 @@ def test_intent_with_an_absurd_pid_is_unreadable_not_a_crash(store):
     plant(store, "_txn/step_3.json", absurd)
     entries = store.entries()
     assert {e.step: e.state for e in entries} == {1: "committed", 3: "writing"}
-    assert "bad pid" in next(e.detail for e in entries if e.step == 3)
+    assert "intent: pid: expected int in 1..2147483647" in next(e.detail for e in entries if e.step == 3)
     store.gc()
-    with pytest.raises(BundleExistsError, match="bad pid"):
+    with pytest.raises(BundleExistsError, match="intent: pid: expected int in 1..2147483647"):
         store.begin(3)
     assert store.latest() == 1
     store.open(1).verify()

@@ -6,10 +6,12 @@
    ``RestoredRun.skipped``); ``resume_step`` pins one step instead and fails if it does not verify
 2. fetch every piece, verifying every digest (``policy/`` checked in place: the trainer ranks
    read it themselves; loader and replay index into memory; ``data_plane/`` into local staging);
-   read the run-bundle record in whichever format wrote it (``run_format``), check the rollout
-   order and the pairing: the manifest, TransferQueue's ``metadata.json`` and the replay index must
-   name the same index digest (a sidecar/data-plane pair from different saves is refused here); an
-   index of an older format is read into today's (``replay.index_formats``)
+   read the run-bundle record in whichever format wrote it (``run_format``); check every record
+   against its declaration (the data plane's ``metadata.json`` and rows headers, the replay index, the
+   loader state when the caller names its formats), the rollout order, and the pairing: the manifest,
+   TransferQueue's ``metadata.json`` and the replay index must name the same index digest (a
+   sidecar/data-plane pair from different saves is refused here); an index of an older format is read
+   into today's (``replay.index_formats``)
 3. trainer state (every trainer rank loads its shards with ``dcp.load``, digest-checked again, at
    any world size; a policy saved whole by run formats 1-2 is loaded whole and sharded by the ranks)
    and dataloader position; then the bootstrap data-plane client loads the snapshot → the metadata
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -32,12 +35,19 @@ from rlckpt.checkpoint.phase import RestorePhase
 from rlckpt.checkpoint.run_format import INDEX_1_COMMIT_FIELDS, POLICY_DCP, PolicyForm, RunBundle, read_run_bundle
 from rlckpt.checkpoint.staging import staging_dir
 from rlckpt.dataplane.base import DataPlaneClient
-from rlckpt.dataplane.rows_snapshot import restore_snapshot
+from rlckpt.dataplane.rows_snapshot import check_rows_snapshot, is_rows_snapshot, restore_snapshot
 from rlckpt.dataplane.snapshot_metadata import read_snapshot_metadata
 from rlckpt.dataplane.threads import run_blocking
-from rlckpt.errors import CheckpointError, CorruptBundleError, DataPlaneError, ReplayStateError, UncommittedBundleError
+from rlckpt.errors import (
+    CheckpointError,
+    CorruptBundleError,
+    DataPlaneError,
+    ReplayStateError,
+    UncommittedBundleError,
+)
+from rlckpt.formats import Record, read_format
 from rlckpt.replay import groups_digest
-from rlckpt.replay.index_formats import upgrade_index
+from rlckpt.replay.index_formats import check_index, upgrade_index
 from rlckpt.store import Bundle, BundleStore, Manifest, StoreEntry
 
 logger = logging.getLogger(__name__)
@@ -102,13 +112,14 @@ class _FetchedPieces:
 
 @dataclass
 class _CheckedBundle:
-    """A bundle whose pieces verified and pair up; nothing is loaded yet."""
+    """A bundle whose pieces verified, read as their records and pair up; nothing is loaded yet."""
 
     bundle: Bundle
     pieces: _FetchedPieces
     run: RunBundle
     index: dict[str, Any]  # the replay index in today's format
     saved_index_digest: str  # the digest it was saved (and paired with its snapshot) under
+    loader_state: Any  # the loader state as saved (checked when the caller named its formats)
 
 
 async def restore_run(
@@ -120,12 +131,16 @@ async def restore_run(
     staging_root: str | None = None,
     expected_rollout_order: str | None = None,
     resume_step: int | None = None,
+    loader_formats: Sequence[Record] = (),
 ) -> RestoredRun | None:
     """Restore the newest committed bundle that verifies, or mark the run fresh and return None if the
     store holds no committed bundle.
 
     Args:
         resume_step: restore exactly this step (no fallback); by default the newest that verifies.
+        loader_formats: the declarations of every format of the loader state the caller reads (oldest
+            first): it is then checked with the other records, before anything is loaded. Without them
+            the loader state is handed back unchecked (the caller's own to read).
     Returns:
         What was restored (with the newer bundles skipped and why), or None for a fresh run.
     Raises:
@@ -133,7 +148,9 @@ async def restore_run(
             verify would collide with the resumed run's saves; or no committed bundle verifies.
         BundleFormatError: the newest bundle that opens (or `resume_step`) is of a run-bundle format
             this rlckpt does not read (a newer one): nothing is loaded, and no older bundle is tried.
-        CorruptBundleError: a check after the data plane loaded the snapshot failed.
+        CorruptBundleError: a check after the data plane loaded the snapshot failed. (A bundle whose
+            record does not read — a field missing, of another type or unknown, named with its record
+            and path — counts as not verifying: it is skipped, or refused with `resume_step`.)
     """
     started = time.perf_counter()
     entries = await run_blocking(store.entries)  # 1
@@ -143,13 +160,14 @@ async def restore_run(
         logger.info("no committed bundle at %s: starting fresh", store.url)
         return None
     with staging_dir(staging_root, prefix="rlckpt-restore-") as staging:
-        checked, skipped = await _first_that_verifies(store, candidates, staging, expected_rollout_order, resume_step)
+        reading = _Reading(expected_rollout_order, tuple(loader_formats))
+        checked, skipped = await _first_that_verifies(store, candidates, staging, reading, resume_step)
         step, pieces, run = checked.bundle.step, checked.pieces, checked.run
         phase.begin_restore(step)
         try:
             location = PolicyLocation(store.url, dict(store.storage_options), step, run.policy_path, run.policy_form)
             await trainer.load_policy(location)  # 3
-            loader_state = codec.loads(pieces.loader, origin=f"step {step}: {layout.LOADER_FILE}")
+            loader_state = checked.loader_state
             metadata = await restore_snapshot(bootstrap, pieces.snapshot_dir)  # 3: TQ restored
             if metadata.get(layout.META_INDEX_DIGEST) != checked.saved_index_digest:
                 raise CorruptBundleError(
@@ -167,23 +185,31 @@ async def restore_run(
     return RestoredRun(step, checked.bundle.manifest, loader_state, checked.index, metadata, seconds, skipped)
 
 
+@dataclass(frozen=True)
+class _Reading:
+    """What the caller asks of the bundle it resumes: its rollout order, the loader state's formats."""
+
+    rollout_order: str | None
+    loader_formats: tuple[Record, ...]
+
+
 async def _first_that_verifies(
     store: BundleStore,
     candidates: list[StoreEntry],
     staging: Path,
-    expected_rollout_order: str | None,
+    reading: _Reading,
     resume_step: int | None,
 ) -> tuple[_CheckedBundle, list[SkippedBundle]]:
     """Steps 1-2 for each candidate, newest first, until one verifies; the newer ones are skipped."""
     if resume_step is not None:
-        return await _pinned(store, candidates, staging, expected_rollout_order, resume_step), []
+        return await _pinned(store, candidates, staging, reading, resume_step), []
     skipped: list[SkippedBundle] = []
     for entry in reversed(candidates):
         try:
             if entry.state == "corrupt":
                 raise CorruptBundleError(entry.detail)
             bundle = await run_blocking(store.open, entry.step)
-            return await _fetch_and_check(bundle, staging, expected_rollout_order), skipped
+            return await _fetch_and_check(bundle, staging, reading), skipped
         except CorruptBundleError as exc:
             logger.warning(
                 "SKIPPING step %d at %s: it does not verify (%s); trying an older bundle", entry.step, store.url, exc
@@ -238,12 +264,12 @@ def check_run_bundle(bundle: Bundle) -> RunBundle:
 
 
 async def _pinned(
-    store: BundleStore, candidates: list[StoreEntry], staging: Path, expected_rollout_order: str | None, step: int
+    store: BundleStore, candidates: list[StoreEntry], staging: Path, reading: _Reading, step: int
 ) -> _CheckedBundle:
     """`resume_step`: that step or an error, never another one; and no newer bundle it would collide with."""
     bundle = await run_blocking(check_resume_step, store, step, candidates)
     try:
-        return await _fetch_and_check(bundle, staging, expected_rollout_order)
+        return await _fetch_and_check(bundle, staging, reading)
     except (CorruptBundleError, UncommittedBundleError) as exc:
         raise _does_not_verify(store, step, exc) from exc
 
@@ -252,14 +278,17 @@ def _does_not_verify(store: BundleStore, step: int, cause: Exception) -> Checkpo
     return CheckpointError(f"cannot resume step {step} at {store.url}: it does not verify ({cause})")
 
 
-async def _fetch_and_check(bundle: Bundle, staging: Path, expected_rollout_order: str | None) -> _CheckedBundle:
-    """Fetch every piece of an opened bundle digest-checked, read its run-bundle record and check the
-    pairing; nothing is loaded yet."""
+async def _fetch_and_check(bundle: Bundle, staging: Path, reading: _Reading) -> _CheckedBundle:
+    """Fetch every piece of an opened bundle digest-checked, read its records and check the pairing;
+    nothing is loaded yet."""
     logger.info("restoring step %d from %s", bundle.step, bundle.url)
     run = check_run_bundle(bundle)  # 2: before any byte is fetched
     pieces = await run_blocking(_fetch_verified, bundle, staging / f"step_{bundle.step}")  # 2
-    saved_index = _check_pairing(bundle.manifest, run, pieces, expected_rollout_order)  # 2
-    return _CheckedBundle(bundle, pieces, run, _current_index(bundle.step, saved_index), saved_index["digest"])
+    snapshot_metadata = _check_data_plane(bundle.step, run, pieces.snapshot_dir)  # 2
+    saved_index = _check_pairing(bundle.manifest, run, pieces, snapshot_metadata, reading.rollout_order)  # 2
+    loader_state = _loader_state(bundle.step, pieces.loader, reading.loader_formats)  # 2
+    index = _current_index(bundle.step, saved_index)
+    return _CheckedBundle(bundle, pieces, run, index, saved_index["digest"], loader_state)
 
 
 def _fetch_verified(bundle: Bundle, staging: Path) -> _FetchedPieces:
@@ -277,20 +306,23 @@ def _fetch_verified(bundle: Bundle, staging: Path) -> _FetchedPieces:
 
 
 def _check_pairing(
-    manifest: Manifest, run: RunBundle, pieces: _FetchedPieces, expected_rollout_order: str | None
+    manifest: Manifest,
+    run: RunBundle,
+    pieces: _FetchedPieces,
+    snapshot_metadata: dict[str, Any],
+    expected_rollout_order: str | None,
 ) -> dict[str, Any]:
     """The replay index as saved; refuses a bundle of another rollout order, or whose replay index and
     data-plane snapshot come from different saves."""
     step = manifest.step
-    manifest_digest = manifest.metadata.get(layout.META_INDEX_DIGEST)
+    manifest_digest = manifest.metadata[layout.META_INDEX_DIGEST]  # read_run_bundle checked it is there
+    snapshot_digest = snapshot_metadata[layout.META_INDEX_DIGEST]
+    where = f"step {step}: {layout.REPLAY_FILE}"
+    replay_state = codec.loads(pieces.replay, origin=where)
     try:
-        snapshot_meta = read_snapshot_metadata(pieces.snapshot_dir)
-    except DataPlaneError as exc:
-        raise CorruptBundleError(f"step {step}: {layout.DATA_PLANE_METADATA} is unreadable: {exc}") from exc
-    snapshot_digest = snapshot_meta.get(layout.META_INDEX_DIGEST)
-    replay_state = codec.loads(pieces.replay, origin=f"step {step}: {layout.REPLAY_FILE}")
-    if not isinstance(replay_state, dict) or not isinstance(replay_state.get("groups"), list):
-        raise CorruptBundleError(f"step {step}: {layout.REPLAY_FILE} is not a replay index")
+        check_index(replay_state, where)  # every field before the digest: a tensor has no JSON to digest
+    except ReplayStateError as exc:
+        raise CorruptBundleError(str(exc)) from exc
     replay_digest = groups_digest(replay_state["groups"])
     if not (manifest_digest == snapshot_digest == replay_digest == replay_state.get("digest")):
         raise CorruptBundleError(
@@ -304,6 +336,32 @@ def _check_pairing(
             f"{expected_rollout_order!r}; resume with --mode {run.rollout_order}"
         )
     return replay_state
+
+
+def _check_data_plane(step: int, run: RunBundle, snapshot_dir: Path) -> dict[str, Any]:
+    """The data plane's records, before anything of it is loaded: ``metadata.json`` and the data-plane
+    metadata in it (in the run-bundle format's shape, returned), and a rows snapshot's every header."""
+    where = f"step {step}: {layout.DATA_PLANE_METADATA}"
+    try:
+        user_metadata = read_snapshot_metadata(snapshot_dir)
+        if is_rows_snapshot(snapshot_dir):
+            check_rows_snapshot(snapshot_dir)
+    except DataPlaneError as exc:
+        raise CorruptBundleError(f"step {step}: {layout.DATA_PLANE_DIR}/ does not read: {exc}") from exc
+    run.data_plane_record.check(user_metadata, where)
+    return user_metadata
+
+
+def _loader_state(step: int, data: bytes, formats: Sequence[Record]) -> Any:
+    """The loader state as saved, checked against the caller's declarations of it when there are any."""
+    where = f"step {step}: {layout.LOADER_FILE}"
+    state = codec.loads(data, origin=where)
+    if formats:
+        try:
+            read_format(formats, state, where)
+        except formats[-1].error as exc:
+            raise CorruptBundleError(str(exc)) from exc
+    return state
 
 
 def _current_index(step: int, saved: dict[str, Any]) -> dict[str, Any]:

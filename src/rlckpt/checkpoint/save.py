@@ -37,12 +37,13 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
 from rlckpt.checkpoint import codec, layout
+from rlckpt.checkpoint.records import RUN_BUNDLE
 from rlckpt.checkpoint.row_copy import RowCopier
 from rlckpt.checkpoint.staging import staging_dir
 from rlckpt.dataplane.rows_snapshot import rows_metadata
 from rlckpt.dataplane.snapshot_metadata import update_snapshot_metadata
 from rlckpt.dataplane.threads import run_blocking
-from rlckpt.errors import CheckpointError
+from rlckpt.errors import CheckpointError, CorruptBundleError
 from rlckpt.replay import GroupRecord, IndexCapture, ReplayBuffer
 from rlckpt.store import BundleStore, BundleTransaction, Manifest, Receipt, sha256_hex
 
@@ -313,6 +314,7 @@ class PendingSave:
             layout.META_UPLOAD_TIMING: self.upload_timing,
             "data_plane": dp.dp_metadata,
         }
+        _check_metadata(step, metadata)
         if parts.before_commit is not None:
             await parts.before_commit(step)
         receipts = [*policy_receipts, *dp.receipts]
@@ -356,6 +358,15 @@ class PendingSave:
             raise
         self.committed = True
         return manifest
+
+
+def _check_metadata(step: int, metadata: dict[str, Any]) -> None:
+    """Refuse to commit run-bundle metadata that restore would refuse (a rollout order it does not know,
+    extra metadata over one of its keys): the save fails, not a resume long after."""
+    try:
+        RUN_BUNDLE.check(metadata, f"step {step}: manifest metadata")
+    except CorruptBundleError as exc:
+        raise CheckpointError(f"refusing to commit what no restore would read: {exc}") from exc
 
 
 async def _both(first: Awaitable[A], second: Awaitable[B]) -> tuple[A, B]:

@@ -11,7 +11,8 @@ from rlckpt.checkpoint.save import SaveHook
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.connect import ReplayBufferSpec
 from rlckpt.controller.handles import Generator, Trainer
-from rlckpt.controller.loop import GenerateHook, LoopState
+from rlckpt.controller.loop import GenerateHook
+from rlckpt.controller.loop_state import LoopState
 from rlckpt.grpo import DigitSumTask, PromptLoader
 
 

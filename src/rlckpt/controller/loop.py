@@ -27,7 +27,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,8 +37,9 @@ from rlckpt.checkpoint.row_copy import RowCopier
 from rlckpt.checkpoint.save import PendingSave, SaveHook, SaveParticipants, SaveReport, start_save
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.handles import Generator, Trainer
+from rlckpt.controller.loop_state import LoopState
 from rlckpt.controller.stopping import DeadlinePlan, SaveTimes, StopReason, StopRequest
-from rlckpt.errors import CheckpointError, FinalSaveAbortedError, LoaderStateError, SaveFailedError
+from rlckpt.errors import CheckpointError, FinalSaveAbortedError, SaveFailedError
 from rlckpt.grpo import DigitSumTask, PromptLoader, TrainBatch, grouped_advantages, weights_sha256
 from rlckpt.replay import GroupRecord, ReplayBuffer
 from rlckpt.store import BundleStore
@@ -46,41 +47,10 @@ from rlckpt.store import BundleStore
 logger = logging.getLogger(__name__)
 
 ROW_ID_FIELDS = ("prompt_id", "sample_index", "weight_version", "draw_seq")
-LOADER_STATE_FORMAT = 1
 DEADLINE_RECHECK_S = 5.0  # the deadline is re-planned at least this often while no step ends
 # Awaited by the rollout pump with a batch's step once it is drawn and reserved, before it is generated
 # (end-to-end tests hold a run there to stop it "during generation").
 GenerateHook = Callable[[int], Awaitable[None]]
-
-
-@dataclass
-class LoopState:
-    """The controller's own position: what the dataloader file of a bundle holds."""
-
-    step: int = 0  # completed train steps == trainer weight version
-    next_batch_step: int = 0  # the step the next drawn batch is for
-    draws: int = 0  # prompts drawn so far (a prompt's draw_seq)
-    pending: dict[str, dict[str, int]] = field(default_factory=dict)  # reserved, not committed groups
-
-    def to_state(self, loader: PromptLoader) -> dict[str, Any]:
-        return {
-            "format": LOADER_STATE_FORMAT,
-            "loader": loader.state_dict(),
-            "step": self.step,
-            "next_batch_step": self.next_batch_step,
-            "draws": self.draws,
-            "pending": {gid: dict(v) for gid, v in self.pending.items()},
-        }
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any], loader: PromptLoader) -> LoopState:
-        if state.get("format") != LOADER_STATE_FORMAT:
-            raise LoaderStateError(
-                f"train_dataloader.pt has format {state.get('format')!r}, expected {LOADER_STATE_FORMAT}"
-            )
-        loader.load_state_dict(state["loader"])
-        pending = {str(g): {k: int(x) for k, x in v.items()} for g, v in state["pending"].items()}
-        return cls(int(state["step"]), int(state["next_batch_step"]), int(state["draws"]), pending)
 
 
 @dataclass

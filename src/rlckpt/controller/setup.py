@@ -27,7 +27,8 @@ from rlckpt.controller.capacity import check_cluster
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.connect import connect_only_data_plane, replay_buffer_spec
 from rlckpt.controller.handles import GeneratorHandle
-from rlckpt.controller.loop import GenerateHook, LoopState, RunSummary
+from rlckpt.controller.loop import GenerateHook, RunSummary
+from rlckpt.controller.loop_state import LOADER_STATE_FORMATS, LoopState
 from rlckpt.controller.stopping import StopRequest
 from rlckpt.controller.trainer_rank import SavePlannerFactory
 from rlckpt.controller.trainer_side import TrainerSide
@@ -163,6 +164,7 @@ def setup_single_controller(
                 phase=phase,
                 staging_root=config.staging_dir,
                 expected_rollout_order=config.rollout_order,
+                loader_formats=LOADER_STATE_FORMATS,
                 resume_step=config.resume_step,
             )
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import struct
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,23 +22,18 @@ from typing import Any
 import torch
 
 from rlckpt.dataplane.base import SNAPSHOT_METADATA_FILE, DataPlaneClient
+from rlckpt.dataplane.snapshot_metadata import read_snapshot_document
+from rlckpt.dataplane.snapshot_records import DTYPE_NAMES, ROWS_FORMAT, ROWS_HEADER, ROWS_MARKER, ROWS_SECTION
 from rlckpt.errors import DataPlaneError, RestoreRefusedError
+from rlckpt.formats import read_format
 
 logger = logging.getLogger(__name__)
 
-ROWS_FORMAT = 1
-ROWS_MARKER = "rlckpt_rows"  # key of the rows section in metadata.json
 MAGIC = b"RLCKROWS"
 _HEADER = struct.Struct("<8sQ")  # magic, header length
 MAX_HEADER_BYTES = 64 << 20
 
-DTYPES: dict[str, torch.dtype] = {
-    str(dtype).removeprefix("torch."): dtype
-    for dtype in (
-        torch.float64, torch.float32, torch.float16, torch.bfloat16,
-        torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
-    )
-}  # fmt: skip
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 Rows = dict[str, list[torch.Tensor]]  # field -> one tensor per row, in key order
 
@@ -68,45 +64,83 @@ def encode_rows(keys: Sequence[str], rows: Mapping[str, Sequence[torch.Tensor]])
 
 def decode_rows(data: bytes, where: str) -> tuple[list[str], Rows]:
     """Keys and rows of one batch file; DataPlaneError naming `where` if anything does not add up."""
-    if len(data) < _HEADER.size:
-        raise DataPlaneError(f"{where}: too short for a rows file ({len(data)} bytes)")
-    magic, head_len = _HEADER.unpack_from(data)
-    if magic != MAGIC or head_len > min(MAX_HEADER_BYTES, len(data) - _HEADER.size):
-        raise DataPlaneError(f"{where}: not a rows file (magic {magic!r}, header {head_len} bytes)")
-    try:
-        header = json.loads(data[_HEADER.size : _HEADER.size + head_len])
-    except ValueError as exc:
-        raise DataPlaneError(f"{where}: unreadable rows header: {exc}") from exc
-    found = header.get("format") if isinstance(header, dict) else None
-    if found != ROWS_FORMAT:
-        raise DataPlaneError(f"{where}: rows format {found!r}, expected {ROWS_FORMAT}")
+    header, head_len = _read_header(data, len(data), where)
     payload = memoryview(data)[_HEADER.size + head_len :]
-    keys = header.get("keys")
-    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-        raise DataPlaneError(f"{where}: rows header has no key list")
-    rows: Rows = {}
-    for name, entries in dict(header.get("fields", {})).items():
-        if not isinstance(entries, list) or len(entries) != len(keys):
-            raise DataPlaneError(f"{where}: field {name!r} does not have one entry per key")
-        rows[name] = [_tensor(payload, entry, f"{where}: field {name!r}") for entry in entries]
+    keys: list[str] = header["keys"]
+    rows: Rows = {
+        name: [_tensor(payload, entry, f"{where}: field {name!r}") for entry in entries]
+        for name, entries in header["fields"].items()
+    }
     return keys, rows
 
 
-def _tensor(payload: memoryview, entry: Any, where: str) -> torch.Tensor:
+def _read_header(head: bytes, file_size: int, where: str) -> tuple[dict[str, Any], int]:
+    """The checked header of a rows file of `file_size` bytes from its first bytes `head` (at least the
+    header's), and the header's length: ``ROWS_HEADER``, one entry per key in every field, and every entry
+    inside the file."""
+    if file_size < _HEADER.size or len(head) < _HEADER.size:
+        raise DataPlaneError(f"{where}: too short for a rows file ({file_size} bytes)")
+    magic, head_len = _HEADER.unpack_from(head)
+    if magic != MAGIC or head_len > min(MAX_HEADER_BYTES, file_size - _HEADER.size, len(head) - _HEADER.size):
+        raise DataPlaneError(f"{where}: not a rows file (magic {magic!r}, header {head_len} bytes)")
     try:
-        dtype_name, shape, offset, length = entry
-        dtype = DTYPES[dtype_name]
-        count = 1
-        for dim in shape:
-            count *= int(dim)
-        itemsize = torch.empty((), dtype=dtype).element_size()
-    except (KeyError, TypeError, ValueError) as exc:
-        raise DataPlaneError(f"{where}: bad row entry {entry!r}") from exc
-    if length != count * itemsize or offset < 0 or offset + length > len(payload):
-        raise DataPlaneError(f"{where}: row entry {entry!r} does not fit the file")
+        header = json.loads(head[_HEADER.size : _HEADER.size + head_len])
+    except (ValueError, RecursionError) as exc:
+        raise DataPlaneError(f"{where}: unreadable rows header: {exc}") from exc
+    read_format((ROWS_HEADER,), header, where)
+    payload_size = file_size - _HEADER.size - head_len
+    for name, entries in header["fields"].items():
+        if len(entries) != len(header["keys"]):
+            raise DataPlaneError(f"{where}: field {name!r} does not have one entry per key")
+        for entry in entries:
+            _check_entry(entry, payload_size, f"{where}: field {name!r}")
+    return header, head_len
+
+
+def _check_entry(entry: list[Any], payload_size: int, where: str) -> None:
+    """A row entry (already of ``ROWS_ENTRY``'s kinds) whose length is its shape's and that lies in the payload."""
+    dtype_name, shape, offset, length = entry
+    count = 1
+    for dim in shape:
+        count *= dim
+    itemsize = torch.empty((), dtype=DTYPES[dtype_name]).element_size()
+    if length != count * itemsize or offset + length > payload_size:
+        raise DataPlaneError(f"{where}: row entry {entry!r:.200} does not fit the file")
+
+
+def _tensor(payload: memoryview, entry: list[Any], where: str) -> torch.Tensor:
+    dtype_name, shape, offset, length = entry  # checked by _read_header
     raw = bytearray(payload[offset : offset + length])  # owned: the tensor outlives the file bytes
     flat = torch.frombuffer(raw, dtype=torch.uint8) if length else torch.empty(0, dtype=torch.uint8)
-    return flat.view(dtype).reshape([int(d) for d in shape])
+    return flat.view(DTYPES[dtype_name]).reshape(shape)
+
+
+def check_rows_snapshot(local_dir: str | Path) -> dict[str, Any]:
+    """Check everything of the rows snapshot in `local_dir` but the row bytes themselves: its metadata and
+    every file's header, each entry inside its file. Reads only the headers; returns the metadata.
+
+    Raises:
+        DataPlaneError: naming the file and the field, before anything is restored.
+    """
+    local_dir = Path(local_dir)
+    document = read_snapshot_document(local_dir)
+    where = str(local_dir / SNAPSHOT_METADATA_FILE)
+    if ROWS_MARKER not in document:
+        raise DataPlaneError(f"{where}: no {ROWS_MARKER!r} section: not a rows snapshot")
+    section: dict[str, Any] = document[ROWS_MARKER]
+    read_format((ROWS_SECTION,), section, where)
+    for name in section["files"]:
+        path = local_dir / name
+        try:
+            with open(path, "rb") as rows_file:
+                size = os.fstat(rows_file.fileno()).st_size
+                head = rows_file.read(_HEADER.size)
+                if len(head) == _HEADER.size:
+                    head += rows_file.read(min(_HEADER.unpack_from(head)[1], MAX_HEADER_BYTES))
+        except OSError as exc:
+            raise DataPlaneError(f"{path}: cannot read this rows file: {exc}") from exc
+        _read_header(head, size, str(path))
+    return document
 
 
 def rows_metadata(partition_id: str, files: Sequence[str], user_metadata: Mapping[str, Any]) -> bytes:
@@ -122,9 +156,10 @@ def rows_metadata(partition_id: str, files: Sequence[str], user_metadata: Mappin
 def is_rows_snapshot(local_dir: str | Path) -> bool:
     """Whether the snapshot in `local_dir` is a rows snapshot (else TransferQueue's own)."""
     try:
-        return ROWS_MARKER in json.loads((Path(local_dir) / SNAPSHOT_METADATA_FILE).read_text())
-    except (OSError, ValueError, TypeError):
+        document = json.loads((Path(local_dir) / SNAPSHOT_METADATA_FILE).read_text())
+    except (OSError, ValueError):
         return False
+    return isinstance(document, dict) and ROWS_MARKER in document
 
 
 def _uniform_runs(keys: Sequence[str], rows: Rows) -> list[list[int]]:
@@ -148,18 +183,17 @@ async def restore_snapshot(client: DataPlaneClient, local_dir: str | Path) -> di
 
 
 async def _load_rows(client: DataPlaneClient, local_dir: Path) -> dict[str, Any]:
-    """Put every row of a rows snapshot back, under the same restore guards as load_checkpoint."""
+    """Put every row of a rows snapshot back, under the same restore guards as load_checkpoint; every
+    header is checked before the first row goes back."""
     client.restore_guard.check_may_load(str(local_dir))
+    document = check_rows_snapshot(local_dir)
+    section = document[ROWS_MARKER]
     if not await client.is_empty():
         raise RestoreRefusedError(
             f"restore from {local_dir} refused: the data plane already holds data (another client wrote first)"
         )
+    partition = section["partition_id"]
     with client.restore_guard.loading(str(local_dir)):
-        document = json.loads((local_dir / SNAPSHOT_METADATA_FILE).read_text())
-        section = document[ROWS_MARKER]
-        if section.get("format") != ROWS_FORMAT:
-            raise DataPlaneError(f"rows snapshot format {section.get('format')!r}, expected {ROWS_FORMAT}")
-        partition = str(section["partition_id"])
         restored = 0
         for name in section["files"]:
             keys, rows = decode_rows((local_dir / name).read_bytes(), f"{local_dir / name}")
@@ -169,4 +203,5 @@ async def _load_rows(client: DataPlaneClient, local_dir: Path) -> dict[str, Any]
                 )
             restored += len(keys)
     logger.info("restored %d rows into partition %s from %s", restored, partition, local_dir)
-    return dict(document.get("user_metadata", {}))
+    user_metadata: dict[str, Any] = document["user_metadata"]
+    return user_metadata

@@ -7,7 +7,25 @@ from collections.abc import Iterator
 from typing import Any
 
 from rlckpt.errors import LoaderStateError
+from rlckpt.formats import Field, Int, Record
 from rlckpt.grpo.task import DigitSumTask, Prompt
+
+# A PromptLoader's position: no number of its own, it is versioned by the record that holds it (the loader
+# state of train_dataloader.pt, controller/loop_state.py).
+PROMPT_LOADER = Record(
+    "dataloader position",
+    None,
+    (
+        Field("epoch", Int(minimum=0), "epochs completed"),
+        Field("position", Int(minimum=0), "how many prompts of this epoch's permutation were drawn"),
+        Field("seed", Int(), "the seed of every epoch's permutation"),
+        Field("batch_size", Int(minimum=1), "prompts per batch"),
+        Field("num_prompts", Int(minimum=1), "the task's prompt count"),
+    ),
+    LoaderStateError,
+    version_key=None,
+    writer="`rlckpt.grpo.PromptLoader.state_dict`",
+)
 
 
 class PromptLoader:
@@ -65,13 +83,19 @@ class PromptLoader:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a saved position; refuses a state from a different seed, batch size or task."""
+        """Continue from a saved position.
+
+        Raises:
+            LoaderStateError: a field missing, of another type or unknown (named), or a state from a
+                different seed, batch size or task.
+        """
+        PROMPT_LOADER.check(state)
         expected = {"seed": self.seed, "batch_size": self.batch_size, "num_prompts": self.task.num_prompts}
         found = {key: state.get(key) for key in expected}
         if found != expected:
             raise LoaderStateError(f"dataloader state was saved for {found}, this loader is {expected}")
-        epoch, position = int(state["epoch"]), int(state["position"])
-        if epoch < 0 or not 0 <= position <= self.task.num_prompts:
+        epoch, position = state["epoch"], state["position"]
+        if position > self.task.num_prompts:
             raise LoaderStateError(f"dataloader state has invalid epoch={epoch} position={position}")
         self.epoch, self.position = epoch, position
         self._order = self._permutation(epoch)

@@ -29,15 +29,16 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from rlckpt.errors import InventoryMismatchError, ReplayError, ReplayStateError
+from rlckpt.formats import Refusal, plain_int, plain_optional_int, type_name
 from rlckpt.replay.barrier import DataPlaneCheckpointBarrier
 from rlckpt.replay.pins import Pins
 from rlckpt.replay.records import (
-    REPLAY_INDEX_FORMAT,
+    REPLAY_INDEX,
     GroupRecord,
     IndexCapture,
     groups_digest,
@@ -45,6 +46,16 @@ from rlckpt.replay.records import (
 )
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def _entry_int(convert: Callable[[Any, str], T], value: Any, op: str, name: str) -> T:
+    """An argument that the index keeps, as a plain int (see formats.plain), or ReplayError naming it."""
+    try:
+        return convert(value, name)
+    except Refusal as refusal:
+        raise ReplayError(f"{op}: {refusal}") from None
 
 
 def group_id_for(seq: int) -> str:
@@ -64,8 +75,11 @@ class ReplayBuffer:
         group_size: int,
         max_groups: int | None = None,
     ) -> None:
+        group_size = _entry_int(plain_int, group_size, "ReplayBuffer", "group_size")
         if group_size < 1:
             raise ValueError(f"ReplayBuffer: group_size must be >= 1, got {group_size}")
+        if type(partition_id) is not str:
+            raise ReplayError(f"ReplayBuffer: partition_id: expected str, got {type_name(partition_id)}")
         self.data_plane = data_plane
         self.barrier = barrier
         self.partition_id = partition_id
@@ -128,14 +142,19 @@ class ReplayBuffer:
     # --- producer side -------------------------------------------------------------------------
 
     def reserve(self, weight_version: int, target_step: int | None = None) -> str:
-        """Reserve the next group id for a generation started at ``weight_version``."""
+        """Reserve the next group id for a generation started at ``weight_version``.
+
+        A NumPy or tensor integer scalar is taken as the int it holds; anything else that is not an int
+        (a bool, a float) is refused here with ReplayError, not by a save long after."""
+        weight_version = _entry_int(plain_int, weight_version, "reserve", "weight_version")
+        target_step = _entry_int(plain_optional_int, target_step, "reserve", "target_step")
         if not self.has_capacity():
             raise ReplayError(
                 f"replay buffer (partition {self.partition_id!r}) is full: {len(self._groups)} groups "
                 f"of max {self.max_groups}; take/remove groups before reserving more"
             )
         gid = group_id_for(self._next_seq)
-        self._groups[gid] = GroupRecord(gid, self._next_seq, int(weight_version), target_step)
+        self._groups[gid] = GroupRecord(gid, self._next_seq, weight_version, target_step)
         self._next_seq += 1
         return gid
 
@@ -150,7 +169,11 @@ class ReplayBuffer:
 
         Runs inside ``barrier.mutation()``. On any failure (or cancellation) the rows already
         written are cleared and the group stays reserved, so the caller may retry or remove it.
+        The weights are taken as ``reserve`` takes its versions, and the field names must be str
+        (ReplayError before anything is written).
         """
+        start_weight = _entry_int(plain_int, start_weight, "commit", "start_weight")
+        end_weight = _entry_int(plain_int, end_weight, "commit", "end_weight")
         record = self._claim(group_id, "commit")
         try:
             if record.committed:
@@ -160,6 +183,9 @@ class ReplayBuffer:
             names = list(rows[0])
             if any(list(r) != names for r in rows):
                 raise ReplayError(f"commit of group {group_id!r}: rows have different field sets")
+            if not all(type(name) is str for name in names):
+                shown = [type_name(n) for n in names if type(n) is not str]
+                raise ReplayError(f"commit of group {group_id!r}: field names must be str, got {shown}")
             keys = [sample_id(group_id, i) for i in range(len(rows))]
             fields = {name: [row[name] for row in rows] for name in names}
             async with self.barrier.mutation():
@@ -375,13 +401,18 @@ class ReplayBuffer:
         return self.capture_index().state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any], *, expected_digest: str) -> None:
-        """Install a saved index into this empty buffer; never touches the data plane.
+        """Install a saved index (``REPLAY_INDEX_FORMAT``; an older one goes through
+        ``index_formats.upgrade_index`` first) into this empty buffer; never touches the data plane.
 
         ``expected_digest`` is the index digest recorded outside the state (e.g. in the data-plane
         snapshot's metadata), so an index from another save is refused. The saved partition and
-        group size must be this buffer's and the groups fit its ``max_groups``. Every mismatch
-        (schema, digest, partition, group size, too many groups, malformed groups) raises
-        ReplayStateError naming both values. All groups come back not taken.
+        group size must be this buffer's and the groups fit its ``max_groups``. All groups come back
+        not taken.
+
+        Raises:
+            ReplayStateError: before anything is installed: a field missing, of another type or unknown
+                (its path named: ``groups[3].target_step``), another format, or a mismatch (digest,
+                partition, group size, too many groups, sample ids), naming both values.
         """
         if self._groups or self._next_seq:
             raise ReplayStateError(
@@ -392,7 +423,7 @@ class ReplayBuffer:
         records = self._parse_groups(state["groups"])
         if self.max_groups is not None and len(records) > self.max_groups:
             raise ReplayStateError(f"load_state_dict: {len(records)} groups saved, max_groups is {self.max_groups}")
-        next_seq = int(state["next_seq"])
+        next_seq = state["next_seq"]
         if records and next_seq <= max(r.seq for r in records):
             raise ReplayStateError(f"load_state_dict: next_seq {next_seq} does not follow the saved groups")
         self._groups = {r.group_id: r for r in sorted(records, key=lambda r: r.seq)}
@@ -402,14 +433,7 @@ class ReplayBuffer:
 
     def _check_state_header(self, state: Mapping[str, Any], expected_digest: str) -> None:
         where = "load_state_dict"
-        missing = {"schema_version", "partition_id", "group_size", "next_seq", "groups", "digest"} - set(state)
-        if missing:
-            raise ReplayStateError(f"{where}: state lacks {sorted(missing)}")
-        if state["schema_version"] != REPLAY_INDEX_FORMAT:
-            raise ReplayStateError(
-                f"{where}: schema version {state['schema_version']!r}, this code reads replay index "
-                f"format {REPLAY_INDEX_FORMAT}"
-            )
+        REPLAY_INDEX.check(state, where)  # every field's type first: a digest over a tensor cannot be computed
         actual = groups_digest(state["groups"])
         if actual != state["digest"]:
             raise ReplayStateError(f"{where}: groups digest {actual} != recorded digest {state['digest']}")
@@ -424,19 +448,16 @@ class ReplayBuffer:
                 f"{where}: saved group size {state['group_size']!r} != this buffer's {self.group_size}"
             )
 
-    def _parse_groups(self, raw: Any) -> list[GroupRecord]:
-        try:
-            records = [GroupRecord.from_json(g) for g in raw]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ReplayStateError(f"load_state_dict: malformed group record: {exc!r}") from exc
+    def _parse_groups(self, raw: list[dict[str, Any]]) -> list[GroupRecord]:
+        records = [GroupRecord.from_json(g) for g in raw]
         if len({r.group_id for r in records}) != len(records):
             raise ReplayStateError("load_state_dict: duplicate group ids")
-        for r in records:
+        for i, r in enumerate(records):
             expected = tuple(sample_id(r.group_id, i) for i in range(self.group_size)) if r.committed else ()
             if r.sample_ids != expected:
                 raise ReplayStateError(
-                    f"load_state_dict: group {r.group_id!r} has sample ids {list(r.sample_ids)[:4]}..., "
-                    f"expected {list(expected)[:4]}..."
+                    f"load_state_dict: replay index: groups[{i}].sample_ids: group {r.group_id!r} has sample ids "
+                    f"{list(r.sample_ids)[:4]}..., expected {list(expected)[:4]}..."
                 )
         return records
 

@@ -8,14 +8,48 @@ import socket
 import time
 from dataclasses import asdict, dataclass
 
+from rlckpt.errors import MalformedRecordError
+from rlckpt.formats import Field, Int, Nullable, Number, Record, Str, read_format
+
 from .manifest import canonical_json, parse_canonical
-from .paths import is_txid, validate_step
+from .paths import TXID_PATTERN
 
 INTENT_FORMAT = 1
 INTENT_MAX_BYTES = 64 << 10
 DEFAULT_STALE_AFTER = 3600.0  # seconds; a transaction older than this with no COMMIT is presumed dead
 CLOCK_SKEW = 300.0  # seconds; a start time further in the future than this is not believed
 MAX_PID = 2**31 - 1  # pids are C ints; anything larger is not a pid
+
+INTENT = Record(
+    "intent",
+    INTENT_FORMAT,
+    (
+        Field("step", Int(minimum=0), "the step being written"),
+        Field("txid", Str(pattern=TXID_PATTERN, meaning="txid (1-64 of A-Z a-z 0-9 _ -)"), "the transaction"),
+        Field("host", Str(), "the writer's host name"),
+        Field("pid", Int(minimum=1, maximum=MAX_PID), "the writer's process id on that host"),
+        Field("started", Number(), "when the transaction began (unix time, the writer's clock)"),
+        Field(
+            "pid_start",
+            Nullable(Int(minimum=0)),
+            "the writer process's start (clock ticks since boot), so a recycled pid is not taken for it",
+            required=False,
+        ),
+    ),
+    MalformedRecordError,
+    constant="INTENT_FORMAT",
+    stored_in="`_txn/step_<N>.json`: canonical JSON, at most 64 KiB",
+    writer="`rlckpt.store.intent.Intent` (`BundleStore.begin`; gc claims a step with one too)",
+    doc=(
+        "The write-ahead intent of a running save, and the claim of its step: created before the first "
+        "data byte, removed when the save commits or aborts. An intent that does not read (malformed, "
+        "over the cap, of a format this rlckpt does not read) still holds its step: it ages by its "
+        "modification time (docs/store-protocol.md)."
+    ),
+    written_by="rlckpt 0.1.0, from deb1516 (`pid_start` from 39291ce)",
+    changes="the first",
+)
+INTENT_FORMATS = (INTENT,)  # every format this rlckpt reads, oldest first
 
 
 @dataclass(frozen=True)
@@ -45,28 +79,17 @@ class Intent:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Intent:
-        """Parse and validate; ValueError on anything that is not an intent this version writes."""
+        """Parse and check against ``INTENT``; ValueError (MalformedRecordError naming the field) on anything
+        that is not an intent this version reads."""
         obj = parse_canonical(data, "intent")
-        if obj.get("format") != INTENT_FORMAT:
-            raise ValueError(f"unsupported intent format {obj.get('format')!r} (expected {INTENT_FORMAT})")
-        pid, started, pid_start = obj.get("pid"), obj.get("started"), obj.get("pid_start")
-        if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= MAX_PID:
-            raise ValueError(f"intent has a bad pid: {pid!r}")
-        if isinstance(started, bool) or not isinstance(started, (int, float)):
-            raise ValueError(f"intent has a bad start time: {started!r}")
-        if pid_start is not None and (isinstance(pid_start, bool) or not isinstance(pid_start, int) or pid_start < 0):
-            raise ValueError(f"intent has a bad pid_start: {pid_start!r}")
-        if not is_txid(obj.get("txid")):
-            raise ValueError(f"intent has a bad txid: {obj.get('txid')!r}")
-        if not isinstance(obj.get("host"), str):
-            raise ValueError("intent has no host")
+        read_format(INTENT_FORMATS, obj)
         return cls(
-            step=validate_step(obj.get("step")),
+            step=obj["step"],
             txid=obj["txid"],
             host=obj["host"],
-            pid=pid,
-            started=float(started),
-            pid_start=pid_start,
+            pid=obj["pid"],
+            started=float(obj["started"]),
+            pid_start=obj.get("pid_start"),
         )
 
     def stale_reason(self, stale_after: float, mtime: float | None = None, now: float | None = None) -> str | None:

@@ -16,7 +16,8 @@ PROBE_DIR = "_probe"
 QUARANTINE_DIR = "_quarantine"  # corrupt bundles moved aside so their step can be saved again
 
 _STEP_RE = re.compile(r"step_(0|[1-9][0-9]*)")
-_TXID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+TXID_PATTERN = "[A-Za-z0-9_-]{1,64}"
+_TXID_RE = re.compile(TXID_PATTERN)
 
 
 def is_txid(value: object) -> bool:

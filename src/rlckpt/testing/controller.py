@@ -23,7 +23,8 @@ from rlckpt.controller.assemble import assemble_controller
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.connect import replay_buffer_spec
 from rlckpt.controller.handles import LocalGenerator
-from rlckpt.controller.loop import ControllerLoop, GenerateHook, LoopState, RunSummary
+from rlckpt.controller.loop import ControllerLoop, GenerateHook, RunSummary
+from rlckpt.controller.loop_state import LOADER_STATE_FORMATS, LoopState
 from rlckpt.controller.trainer_group import LocalTrainerGroup
 from rlckpt.dataplane.base import DataPlaneClient
 from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
@@ -82,6 +83,7 @@ async def run_in_process(
             phase=run.phase,
             staging_root=config.staging_dir,
             expected_rollout_order=config.rollout_order,
+            loader_formats=LOADER_STATE_FORMATS,
             resume_step=config.resume_step,
         )
         run.restored = restored

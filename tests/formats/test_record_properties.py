@@ -1,0 +1,200 @@
+"""Every record rlckpt writes, broken one field at a time, is refused by its own reader with the package's
+error naming the record and the field; and every value its declaration describes passes.
+
+The valid records are the real writers' output (a save through ``save_bundle``, ``Intent.new``,
+``LoopState.to_state``, ``encode_rows``); hypothesis picks where to break them and with what."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rlckpt.checkpoint import codec, layout
+from rlckpt.checkpoint.run_format import read_run_bundle
+from rlckpt.checkpoint.save import SaveParticipants, StagedBytes, save_bundle
+from rlckpt.controller.loop_state import LoopState
+from rlckpt.dataplane.memory import InMemoryDataPlane
+from rlckpt.dataplane.rows_snapshot import check_rows_snapshot, decode_rows, encode_rows, rows_metadata
+from rlckpt.dataplane.snapshot_metadata import read_snapshot_metadata
+from rlckpt.dataplane.snapshot_records import ROWS_HEADER, ROWS_MARKER, ROWS_SECTION, SNAPSHOT_METADATA
+from rlckpt.errors import CorruptBundleError, DataPlaneError, LoaderStateError, MalformedRecordError, ReplayStateError
+from rlckpt.formats import Record
+from rlckpt.grpo import DigitSumTask, PromptLoader
+from rlckpt.replay import DataPlaneCheckpointBarrier, ReplayBuffer
+from rlckpt.replay.index_formats import check_index
+from rlckpt.store import BundleStore, Intent
+from rlckpt.store.manifest import canonical_json
+from rlckpt.testing.format_docs import SECTIONS
+from rlckpt.testing.records import JSON_VALUES, Mutation, mutations, plain_and_foreign_values, valid_values
+
+PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+GROUP = 2
+TASK = DigitSumTask(seed=0, num_prompts=8)
+EVERY_DECLARATION = [record for section in SECTIONS for record in section.formats]
+
+
+def refused_naming(error: type[Exception], record: Record, mutation: Mutation, read) -> None:
+    """`read` refuses the broken record with `error`, naming the record and the broken field."""
+    with pytest.raises(error) as refused:
+        read()
+    assert f"{record.name}: {mutation.path}" in str(refused.value), (mutation.what, str(refused.value))
+
+
+# --- the declarations alone -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("record", EVERY_DECLARATION, ids=lambda r: f"{r.name} {r.format}")
+@PROPERTY
+@given(data=st.data())
+def test_a_value_of_a_declaration_passes_and_broken_at_any_field_is_refused_naming_it(record, data):
+    value = data.draw(valid_values(record.body), label="valid")
+    record.check(value)
+    mutation = data.draw(st.sampled_from(mutations(record, value, JSON_VALUES)), label="mutation")
+    refused_naming(record.error, record, mutation, lambda: record.check(mutation.of(value)))
+
+
+# --- what the writers wrote, through the readers --------------------------------------------------
+
+
+def _rows(seed: int) -> list[dict[str, torch.Tensor]]:
+    return [{"completion": torch.arange(3) + seed, "reward": torch.tensor([float(i)])} for i in range(GROUP)]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> dict:
+    """One bundle saved by save_bundle (staged, in-memory data plane): its records as written."""
+
+    async def save(url: str):
+        plane = InMemoryDataPlane()
+        replay = ReplayBuffer(plane, DataPlaneCheckpointBarrier(), partition_id="rollouts", group_size=GROUP)
+        for i in range(2):
+            gid = replay.reserve(weight_version=1, target_step=2)
+            await replay.commit(gid, _rows(i), start_weight=1, end_weight=1)
+        replay.reserve(weight_version=2, target_step=3)  # reserved only
+        loader = PromptLoader(TASK, 2)
+        loop = LoopState(step=2, next_batch_step=3, draws=6, pending={"g00000002": {"draw_seq": 5, "prompt_id": 4}})
+
+        class Policy:
+            async def stage_policy(self):
+                return StagedBytes(b"weights")
+
+        parts = SaveParticipants(BundleStore(url), Policy(), replay, lambda: loop.to_state(loader))
+        await save_bundle(parts, 4)
+
+    url = str(tmp_path_factory.mktemp("saved") / "run")
+    asyncio.run(save(url))
+    bundle = BundleStore(url).open(4)
+    return {
+        "manifest": dict(bundle.manifest.metadata),
+        "snapshot": json.loads(bundle.read_bytes(layout.DATA_PLANE_METADATA)),
+        "index": codec.loads(bundle.read_bytes(layout.REPLAY_FILE), origin="index"),
+        "loader": codec.loads(bundle.read_bytes(layout.LOADER_FILE), origin="loader"),
+    }
+
+
+def _record_of(name: str, number: int | None = None) -> Record:
+    return next(r for r in EVERY_DECLARATION if r.name == name and number in (None, r.format))
+
+
+@PROPERTY
+@given(data=st.data())
+def test_a_broken_replay_index_is_refused_by_load_state_dict_before_its_digest(saved, data):
+    index, record = saved["index"], _record_of("replay index", 3)
+    mutation = data.draw(st.sampled_from(mutations(record, index, plain_and_foreign_values())))
+    buffer = ReplayBuffer(None, DataPlaneCheckpointBarrier(), partition_id="rollouts", group_size=GROUP)
+    broken = mutation.of(index)
+    refused_naming(ReplayStateError, record, mutation, lambda: buffer.load_state_dict(broken, expected_digest="0"))
+    refused_naming(ReplayStateError, record, mutation, lambda: check_index(broken))
+    assert len(buffer) == 0
+
+
+@PROPERTY
+@given(data=st.data())
+def test_a_broken_loader_state_is_refused_before_the_loader_moves(saved, data):
+    state, record = saved["loader"], _record_of("loader state")
+    mutation = data.draw(st.sampled_from(mutations(record, state, plain_and_foreign_values())))
+    loader = PromptLoader(TASK, 2)
+    refused_naming(LoaderStateError, record, mutation, lambda: LoopState.from_state(mutation.of(state), loader))
+    assert (loader.epoch, loader.position) == (0, 0)
+
+
+@PROPERTY
+@given(data=st.data())
+def test_broken_run_bundle_metadata_is_refused_as_a_corrupt_bundle(saved, data):
+    meta, record = saved["manifest"], _record_of("run-bundle metadata", 3)
+    # the format number's own refusals (newer, none, not a number) are one line each: tests/checkpoint
+    mutation = data.draw(st.sampled_from(mutations(record, meta, JSON_VALUES, skip=[layout.META_FORMAT])))
+    refused_naming(CorruptBundleError, record, mutation, lambda: read_run_bundle(4, mutation.of(meta)))
+
+
+@PROPERTY
+@given(data=st.data())
+def test_broken_data_plane_metadata_is_refused_as_a_corrupt_bundle(saved, data):
+    user = saved["snapshot"]["user_metadata"]
+    record = read_run_bundle(4, saved["manifest"]).data_plane_record
+    mutation = data.draw(st.sampled_from(mutations(record, user, JSON_VALUES)))
+    refused_naming(CorruptBundleError, record, mutation, lambda: record.check(mutation.of(user)))
+
+
+def _snapshot_dir(document: dict, files: dict[str, bytes] | None = None) -> Path:
+    local = Path(tempfile.mkdtemp(prefix="rlckpt-records-"))
+    (local / "metadata.json").write_text(json.dumps(document))
+    for name, data in (files or {}).items():
+        (local / name).write_bytes(data)
+    return local
+
+
+@PROPERTY
+@given(data=st.data())
+def test_broken_snapshot_metadata_is_refused_by_its_reader(saved, data):
+    document = saved["snapshot"]
+    mutation = data.draw(st.sampled_from(mutations(SNAPSHOT_METADATA, document, JSON_VALUES)))
+    local = _snapshot_dir(mutation.of(document))
+    refused_naming(DataPlaneError, SNAPSHOT_METADATA, mutation, lambda: read_snapshot_metadata(local))
+
+
+ROWS_FILE = encode_rows(["g1:0", "g1:1"], {"completion": [torch.arange(3), torch.arange(4)], "r": [torch.ones(1)] * 2})
+ROWS_DOCUMENT = json.loads(rows_metadata("rollouts", ["rows-000000.bin"], {"k": 1}))
+
+
+@PROPERTY
+@given(data=st.data())
+def test_a_broken_rows_section_is_refused_before_any_row_is_read(data):
+    section = ROWS_DOCUMENT[ROWS_MARKER]
+    mutation = data.draw(st.sampled_from(mutations(ROWS_SECTION, section, JSON_VALUES)))
+    local = _snapshot_dir({**ROWS_DOCUMENT, ROWS_MARKER: mutation.of(section)}, {"rows-000000.bin": ROWS_FILE})
+    refused_naming(DataPlaneError, ROWS_SECTION, mutation, lambda: check_rows_snapshot(local))
+
+
+def _with_header(header: dict) -> bytes:
+    old_len = struct.unpack_from("<Q", ROWS_FILE, 8)[0]
+    head = json.dumps(header).encode()
+    return ROWS_FILE[:8] + struct.pack("<Q", len(head)) + head + ROWS_FILE[16 + old_len :]
+
+
+@PROPERTY
+@given(data=st.data())
+def test_a_broken_rows_header_is_refused_before_its_rows_are_built(data):
+    header = json.loads(ROWS_FILE[16 : 16 + struct.unpack_from("<Q", ROWS_FILE, 8)[0]])
+    mutation = data.draw(st.sampled_from(mutations(ROWS_HEADER, header, JSON_VALUES)))
+    broken = _with_header(mutation.of(header))
+    refused_naming(DataPlaneError, ROWS_HEADER, mutation, lambda: decode_rows(broken, "rows-000000.bin"))
+    local = _snapshot_dir(ROWS_DOCUMENT, {"rows-000000.bin": broken})
+    refused_naming(DataPlaneError, ROWS_HEADER, mutation, lambda: check_rows_snapshot(local))
+
+
+@PROPERTY
+@given(data=st.data())
+def test_a_broken_intent_is_unreadable_naming_the_field(data):
+    intent, record = json.loads(Intent.new(3, "t1").to_bytes()), _record_of("intent")
+    mutation = data.draw(st.sampled_from(mutations(record, intent, JSON_VALUES)))
+    broken = canonical_json(mutation.of(intent))
+    refused_naming(MalformedRecordError, record, mutation, lambda: Intent.from_bytes(broken))
