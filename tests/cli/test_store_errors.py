@@ -104,7 +104,7 @@ def test_file_that_cannot_be_read_while_verifying_is_one_line_with_exit_3_not_co
     with mode_enforced(unreadable, 0o000):
         result = cli("verify", str(run_dir), "--step", "1")
     assert result.code == 3 and _one_line(result.err)
-    assert f"store {run_dir} unavailable while verifying step 1" in result.err
+    assert f"store {run_dir} unavailable while reading weights.bin of step 1" in result.err
     assert "PermissionError" in result.err and str(unreadable) in result.err
 
 
