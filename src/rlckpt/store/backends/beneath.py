@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import stat
 from collections.abc import Iterator
@@ -58,9 +59,14 @@ def named(exc: OSError, path: str) -> OSError:
 def pinned_path(fd: int) -> str:
     """A path that opens exactly the file open as `fd`, whatever is renamed or symlinked meanwhile: for code
     that only takes paths (fsspec's filesystem, which the crash tests wrap to inject faults)."""
-    if not os.path.isdir(_FD_DIR):
+    if not _fd_dir_mounted():
         raise OSError(errno.ENOENT, f"{_FD_DIR} is not mounted: local runs need Linux's /proc", _FD_DIR)
     return f"{_FD_DIR}/{fd}"
+
+
+@functools.cache
+def _fd_dir_mounted() -> bool:
+    return os.path.isdir(_FD_DIR)
 
 
 class RunRoot:
@@ -81,9 +87,7 @@ class RunRoot:
         """A descriptor of directory `path` (closed after the block); with `create`, missing directories are
         made on the way. FileNotFoundError when missing, NotADirectoryError when a regular file is in the
         way, IrregularFileError when a symlink (or a FIFO, socket, device) is: each naming the component."""
-        if create:
-            os.makedirs(self.root, exist_ok=True)
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = self._open_root(create)
         try:
             walked = self.root
             for part in self._parts(path):
@@ -95,6 +99,16 @@ class RunRoot:
         finally:
             os.close(fd)
 
+    def _open_root(self, create: bool) -> int:
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC  # following a symlink: the root is the user's path
+        try:
+            return os.open(self.root, flags)
+        except FileNotFoundError:
+            if not create:
+                raise
+        os.makedirs(self.root, exist_ok=True)
+        return os.open(self.root, flags)
+
     @contextlib.contextmanager
     def parent(self, path: str, create: bool = False) -> Iterator[tuple[int, str]]:
         """(descriptor of the directory holding `path`, the last component of `path`), as `directory`."""
@@ -104,22 +118,38 @@ class RunRoot:
 
 
 def _open_subdir(fd: int, name: str, path: str, create: bool) -> int:
-    if create:
-        try:
-            os.mkdir(name, 0o777, dir_fd=fd)
-        except FileExistsError:
-            pass  # a directory (fine) or something else, which the open below refuses
-        except OSError as exc:
+    """Open directory `name` in `fd` without following a symlink; with `create`, make it first if missing
+    (only then: the common case, a directory that exists, costs one open)."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=fd)
+    except FileNotFoundError as exc:
+        if not create:
             raise named(exc, path) from None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise named(exc, path) from None
+        raise _not_a_directory(fd, name, path) from None
+    try:
+        os.mkdir(name, 0o777, dir_fd=fd)
+    except FileExistsError:
+        pass  # made meanwhile (by another writer, or something else, which the open below refuses)
+    except OSError as exc:
+        raise named(exc, path) from None
     try:
         return os.open(name, _DIR_FLAGS, dir_fd=fd)
     except OSError as exc:
         if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
             raise named(exc, path) from None
+        raise _not_a_directory(fd, name, path) from None
+
+
+def _not_a_directory(fd: int, name: str, path: str) -> OSError | IrregularFileError:
+    """Why `name` in `fd` could not be opened as a directory: a regular file in the way (NotADirectoryError),
+    or a symlink, FIFO, socket or device (refused)."""
     kind = kind_of(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
     if kind == FILE:
-        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
-    raise refusal(path, kind)
+        return NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+    return refusal(path, kind)
 
 
 def open_for_write(dir_fd: int, name: str, path: str) -> int:
