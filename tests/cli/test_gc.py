@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rlckpt.store import BundleStore
 from rlckpt.testing.store_checks import declare_writers_dead
 
 
@@ -68,3 +69,22 @@ def test_gc_refuses_keep_last_zero_on_the_command_line(run, cli):
     result = cli("gc", run.url, "--keep-last", "0", *run.options_args())
     assert result.code == 64
     assert "--keep-last" in result.err
+
+
+def test_gc_deletes_nothing_through_a_symlinked_tmp_dir_and_says_why(tmp_path, cli):
+    """Local disk: retention renames a doomed bundle into `_tmp/` first; a `_tmp` that is a symlink to a
+    directory elsewhere is refused (the skip names it), and what it points to is left as it was."""
+    url = str(tmp_path / "run")
+    for step in (1, 2):
+        with BundleStore(url).begin(step) as tx:
+            tx.write_bytes("weights.bin", b"w" * 100)
+            tx.commit()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "run" / "_tmp").rmdir()
+    (tmp_path / "run" / "_tmp").symlink_to(elsewhere)
+    result = cli("gc", url, "--keep-last", "1")
+    assert result.code == 0
+    assert f"skipped {url}/step_1: failed (IrregularFileError: {url}/_tmp is a symlink" in result.out
+    assert list(elsewhere.iterdir()) == []
+    assert [r["step"] for r in cli("ls", url, "--json").json()] == [1, 2]

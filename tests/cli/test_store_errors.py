@@ -53,6 +53,23 @@ def test_unknown_s3_option_is_one_line_naming_it_with_exit_64(cli, s3_storage_op
     assert "s3://bucket/run" in result.err and "unknown storage option 'endpoint'" in result.err
 
 
+def test_unknown_storage_option_on_local_disk_is_one_line_naming_it_with_exit_64(cli, tmp_path):
+    result = cli("ls", str(tmp_path / "run"), "--storage-options", json.dumps({"endpoint_url": "http://127.0.0.1:9"}))
+    assert result.code == 64 and _one_line(result.err)
+    assert str(tmp_path / "run") in result.err and "unknown storage option 'endpoint_url'" in result.err
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_run_path_fsspec_would_chain_is_refused_with_exit_64_not_listed_as_another_run(cli, tmp_path, command):
+    """`/x/a::b` is `/x/a` to fsspec: refused by the CLI as by the library, never read as either run."""
+    with BundleStore(str(tmp_path / "a")).begin(1) as tx:
+        tx.write_bytes("weights.bin", b"w" * 100)
+        tx.commit()
+    result = cli(command, f"{tmp_path}/a::b")
+    assert result.code == 64 and _one_line(result.err) and result.out == ""
+    assert "a::b" in result.err and "'::' chains filesystems" in result.err
+
+
 def test_ill_typed_s3_option_is_one_line_naming_it_with_exit_64(cli, s3_storage_options):
     options = dict(s3_storage_options, client_kwargs="us-east-1")
     result = cli("ls", "s3://bucket/run", "--storage-options", json.dumps(options))
@@ -87,7 +104,7 @@ def test_file_that_cannot_be_read_while_verifying_is_one_line_with_exit_3_not_co
     with mode_enforced(unreadable, 0o000):
         result = cli("verify", str(run_dir), "--step", "1")
     assert result.code == 3 and _one_line(result.err)
-    assert f"store {run_dir} unavailable while verifying step 1" in result.err
+    assert f"store {run_dir} unavailable while reading weights.bin of step 1" in result.err
     assert "PermissionError" in result.err and str(unreadable) in result.err
 
 

@@ -77,7 +77,7 @@ def test_thousand_deep_trainer_resources_are_a_one_line_usage_error(cli, tmp_pat
 def test_storage_options_nested_within_the_limit_still_parse(cli, tmp_path):
     nested = {"config_kwargs": {"retries": {"mode": "standard"}}}
     result = cli("ls", str(tmp_path), "--storage-options", json.dumps(nested))
-    assert "nested" not in result.err
+    assert "nested deeper than" not in result.err  # (refused for another reason: an S3 option on local disk)
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ from .compression import ZSTD, DecompressionError, ExactDecompressor, copy_decom
 from .digest import sha256_of_stream
 from .manifest import FileEntry, Manifest, sha256_hex
 from .paths import step_dirname, validate_relpath
+from .storage_errors import unavailable_as_store_error
 
 READ_BLOCK_SIZE = 16 << 20
 SPOOL_MAX = 64 << 20
@@ -68,9 +69,11 @@ class Bundle:
             raise self._corrupt(relpath, f"has sha256 {digest}, the manifest says {entry.sha256}")
 
     def _stored(self, relpath: str, read: Callable[[str], Any]) -> Any:
-        """Run a backend read of `relpath`'s stored object, naming the file when it is missing or unsafe."""
+        """Run a backend read of `relpath`'s stored object, naming the file when it is missing or unsafe, and
+        the store when it cannot be reached (StoreUnavailableError, as every BundleStore method raises)."""
         try:
-            return read(f"{self._root}/{relpath}")
+            with unavailable_as_store_error(self.url, f"reading {relpath} of step {self.step}"):
+                return read(f"{self._root}/{relpath}")
         except FileNotFoundError:
             raise self._corrupt(relpath, "is missing") from None
         except UnsafeObjectError as exc:
@@ -114,6 +117,7 @@ class Bundle:
         Raises:
             FileNotFoundError: `relpath` is not in the manifest.
             CorruptBundleError: the stored bytes or their decompression differ from the manifest.
+            StoreUnavailableError: the store cannot be reached (here and in every other read).
         """
         entry = self._entry(relpath)
         data = self._stored(relpath, lambda path: self.backend.read_range(path, 0, entry.size + 1))
@@ -195,6 +199,7 @@ class Bundle:
             FileExistsError: `local_dir` exists and is not an empty directory.
             FileNotFoundError: no manifest file lies under `relpath`.
             CorruptBundleError: a file is missing or differs from the manifest (names the file).
+            StoreUnavailableError: the store cannot be reached.
         """
         local_dir = os.path.abspath(os.fspath(local_dir))
         if os.path.exists(local_dir) and (not os.path.isdir(local_dir) or os.listdir(local_dir)):
@@ -228,8 +233,11 @@ class Bundle:
 
         Raises:
             CorruptBundleError: naming the first bad file (and how many more there are).
+            StoreUnavailableError: the store cannot be reached.
         """
-        view = self.backend.bundle_view(self.backend.list_files(self.backend.path(self._step_dir)), self.manifest.txid)
+        with unavailable_as_store_error(self.url, f"listing step {self.step}"):
+            listing = self.backend.list_files(self.backend.path(self._step_dir))
+        view = self.backend.bundle_view(listing, self.manifest.txid)
         check_listing(self.manifest, view, f"step {self.step} at {self.url}")
         lock = threading.Lock()
 

@@ -3,7 +3,8 @@
 This is the one place a store's filesystem is built, so every way that can fail — empty or malformed
 URL, unknown protocol, missing filesystem package (s3fs), an `endpoint_url` that is not an http(s)
 URL, unknown or ill-typed storage options — becomes a `StoreConfigError` naming the URL and the cause,
-instead of whatever fsspec, s3fs or botocore raise (often only at the first request).
+instead of whatever fsspec, s3fs or botocore raise (often only at the first request). The root comes
+from `run_url.parse_run_url`, the reading every other user of the URL shares.
 
 `fail_fast=True` gives short-lived interactive tools (the `rlckpt` CLI) a small retry budget on S3;
 the training path keeps botocore's and s3fs's defaults, which ride out longer blips.
@@ -11,6 +12,7 @@ the training path keeps botocore's and s3fs's defaults, which ride out longer bl
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import re
@@ -23,6 +25,7 @@ import fsspec.core
 
 from rlckpt.errors import StoreConfigError, StoreUnavailableError
 
+from .run_url import LOCAL_PROTOCOLS, RunUrl, parse_run_url
 from .storage_errors import as_store_error, describe_cause
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,12 @@ FAIL_FAST_S3_CONFIG: dict[str, Any] = {
 FAIL_FAST_S3FS_RETRIES = 2
 
 _UNEXPECTED_KEYWORD = re.compile(r"unexpected keyword argument '([^']+)'")
+
+# Filesystems that read no option but their named parameters and fsspec's own (instance and listings
+# cache): anything else is a typo they would swallow without a word. s3fs hands the rest to botocore,
+# whose client refuses it (`_connect_s3`).
+_STRICT_PROTOCOLS = (*LOCAL_PROTOCOLS, "memory")
+_FSSPEC_OPTIONS = frozenset({"skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths"})
 
 
 def open_location(
@@ -66,19 +75,34 @@ def open_location(
     """
     text = os.fspath(url)
     options = _checked_options(text, storage_options)
-    protocol, _path = _checked_url(text)
-    s3 = protocol in S3_PROTOCOLS
+    run = parse_run_url(text)
+    s3 = run.protocol in S3_PROTOCOLS
+    if run.protocol in _STRICT_PROTOCOLS:
+        _check_known_options(text, run.protocol, options)
     if s3:
         _check_s3(text, options)
         if fail_fast:
             options = _fail_fast_s3_options(options)
             log.debug("fail-fast S3 client for %s: config_kwargs %s", text, options["config_kwargs"])
-    fs, root = _build(text, protocol, options)
+    fs = _build(run, options)
     if s3:
         if fail_fast:
             fs.retries = min(fs.retries, FAIL_FAST_S3FS_RETRIES)  # our own instance: skip_instance_cache
         _connect_s3(text, fs)
-    return fs, root.rstrip("/") or root
+    return fs, run.root
+
+
+def given_filesystem_root(url: str | os.PathLike[str], fs: Any) -> str:
+    """The run's root for a filesystem built elsewhere (the CLI's fail-fast one, a test's wrapper): read
+    from the URL as `open_location` reads it, so both name the same place; the filesystem must be of
+    the URL's protocol."""
+    run = parse_run_url(url)
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    if run.protocol not in protocols:
+        raise StoreConfigError(
+            f"store {run.url}: the filesystem given is for {'/'.join(protocols)}, not {run.protocol}"
+        )
+    return run.root
 
 
 # --- checks before anything is built -----------------------------------------------------------
@@ -95,19 +119,23 @@ def _checked_options(url: str, storage_options: Mapping[str, Any] | None) -> dic
     return dict(storage_options)
 
 
-def _checked_url(url: str) -> tuple[str, str]:
-    """(protocol, path) of a URL that names a place: not empty, a known protocol, a non-empty path."""
-    if not url:
-        raise StoreConfigError("store URL is empty: give a local path or an fsspec URL such as s3://bucket/prefix")
-    protocol, path = fsspec.core.split_protocol(url)
-    protocol = protocol or "file"
-    known = set(fsspec.available_protocols())
-    for part in protocol.split("::"):
-        if part not in known:
-            raise StoreConfigError(f"store {url}: unknown protocol {part!r} (e.g. file, memory, s3)")
-    if not path:
-        raise StoreConfigError(f"store {url}: the URL names no path after {protocol}://")
-    return protocol, path
+def _check_known_options(url: str, protocol: str, options: dict[str, Any]) -> None:
+    """Every option is one the filesystem reads: a named parameter of its class or fsspec's own."""
+    cls = fsspec.get_filesystem_class(protocol)
+    known = set(_FSSPEC_OPTIONS)
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is not None and klass is not object:
+            known.update(
+                name
+                for name, param in inspect.signature(init).parameters.items()
+                if name != "self" and param.kind in (param.POSITIONAL_OR_KEYWORD, param.KEYWORD_ONLY)
+            )
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise StoreConfigError(
+            f"store {url}: unknown storage option {unknown[0]!r} for {protocol} (it takes {', '.join(sorted(known))})"
+        )
 
 
 def _check_s3(url: str, options: dict[str, Any]) -> None:
@@ -158,9 +186,11 @@ def _check_endpoint(url: str, source: str, endpoint: Any) -> None:
 # --- building ------------------------------------------------------------------------------
 
 
-def _build(url: str, protocol: str, options: dict[str, Any]) -> tuple[Any, str]:
+def _build(run: RunUrl, options: dict[str, Any]) -> Any:
+    """The filesystem of a parsed run URL; refused if fsspec would put the run anywhere but `run.root`."""
+    url, protocol = run.url, run.protocol
     try:
-        return fsspec.core.url_to_fs(url, **options)
+        fs, root = fsspec.core.url_to_fs(url, **options)
     except ImportError as exc:
         raise StoreConfigError(
             f"store {url}: protocol {protocol} needs a package that is not installed: {exc}"
@@ -170,6 +200,9 @@ def _build(url: str, protocol: str, options: dict[str, Any]) -> tuple[Any, str]:
         if isinstance(translated, StoreUnavailableError):  # a filesystem that talks to its server when built
             raise translated from exc
         raise StoreConfigError(f"store {url}: cannot build the {protocol} filesystem: {describe_cause(exc)}") from exc
+    if (root.rstrip("/") or root) != run.root:  # parse_run_url refuses what fsspec reads otherwise; keep it so
+        raise StoreConfigError(f"store {url}: fsspec reads the run as {root!r}, rlckpt as {run.root!r}")
+    return fs
 
 
 def _connect_s3(url: str, fs: Any) -> None:

@@ -28,7 +28,7 @@ from .commit_check import load_checked_manifest
 from .gc import GarbageCollector, GcReport
 from .intent import DEFAULT_STALE_AFTER
 from .inventory import Inventory
-from .location import open_location
+from .location import given_filesystem_root, open_location
 from .participant import ParticipantWriter, TransactionHandle, validate_participant
 from .paths import COMMIT_NAME, MANIFEST_NAME, is_txid, step_dirname, validate_step
 from .roster import Roster
@@ -83,8 +83,8 @@ class BundleStore:
         if fs is None:
             fs, root = open_location(self.url, self.storage_options)  # StoreConfigError on any bad input
         else:
-            root = fs._strip_protocol(self.url)
-        self.backend: Backend = make_backend(fs, root.rstrip("/") or root)
+            root = given_filesystem_root(self.url, fs)
+        self.backend: Backend = make_backend(fs, root)
         self.claims = Claims(self.backend, self.url, stale_after)
         self._checked = False
         self._probed = False

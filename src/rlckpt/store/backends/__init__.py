@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Backend, CommitView, Listing
-from .local import LocalBackend, fsync_path
+from .local import LocalBackend
 from .object_store import ObjectBackend
 from .s3 import S3Backend
 
@@ -16,7 +16,6 @@ __all__ = [
     "LocalBackend",
     "ObjectBackend",
     "S3Backend",
-    "fsync_path",
     "make_backend",
 ]
 

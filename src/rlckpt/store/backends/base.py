@@ -99,7 +99,8 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def exists(self, path: str) -> bool:
-        """Whether an object (or, locally, any directory entry, symlinks included) is at `path`."""
+        """Whether an object (or, locally, any directory entry, symlinks included) is at `path`; locally,
+        nothing under a symlink is inside the run, so nothing is there."""
 
     @abc.abstractmethod
     def mtime(self, path: str) -> float | None:

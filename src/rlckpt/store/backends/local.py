@@ -1,8 +1,12 @@
 """Local disk: a staging dir per transaction, fsync, and an atomic directory rename as the commit.
 
-Reads never follow a symlink inside the run and refuse anything that is not a regular file, so a
-symlink to /dev/zero or a FIFO planted in a run cannot exhaust memory or hang a reader. Writes go
-through the fsspec filesystem (tests wrap it to inject faults at every call).
+Nothing here follows a symlink inside the run: every read, write, rename and removal reaches its
+target through directories opened beneath the run root without following one (beneath.py), and a
+symlink, FIFO or device where rlckpt expects its own file or directory is refused as
+IrregularFileError naming it. A symlink or FIFO planted in a run cannot exhaust or hang a reader, nor
+make a writer, gc or a commit act outside the run. File contents are still written through the
+fsspec filesystem (tests wrap it to inject faults at every call), on a path that opens the file this
+module created and no other (`beneath.pinned_path`).
 """
 
 from __future__ import annotations
@@ -32,57 +36,21 @@ from ..inventory import DIRECTORY, FILE, ListedPath
 from ..manifest import FileEntry
 from ..paths import COMMIT_NAME, MANIFEST_NAME, QUARANTINE_DIR, RESERVED_NAMES, TMP_DIR
 from .base import Backend, Inventory, Listing
+from .beneath import RunRoot, fsync_tree, kind_of, named, open_for_write, pinned_path, refusal, walk
 
 log = logging.getLogger(__name__)
 
 COPY_CHUNK = 8 << 20
 
 
-def fsync_path(path: str, directory: bool = False) -> None:
-    """fsync a file or directory by path (Linux allows fsync on a read-only descriptor)."""
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISREG(mode):
-        return FILE
-    if stat.S_ISDIR(mode):
-        return DIRECTORY
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    if stat.S_ISFIFO(mode):
-        return "fifo"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    return "device"
-
-
-def _walk(top: str, prefix: str = "") -> Iterator[ListedPath]:
-    """Every path under `top` by lstat: symlinks are reported, never followed; directories are listed too."""
-    try:
-        entries = list(os.scandir(top))
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    for entry in entries:
-        rel = f"{prefix}{entry.name}"
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except FileNotFoundError:
-            continue  # removed while we listed
-        kind = _kind(st.st_mode)
-        yield ListedPath(rel, kind, st.st_size if kind == FILE else 0, st.st_mtime)
-        if kind == DIRECTORY:
-            yield from _walk(entry.path, rel + "/")
-
-
 class LocalBackend(Backend):
     """Local disk (any POSIX filesystem with atomic rename)."""
 
     local = True
+
+    def __init__(self, fs: Any, root: str) -> None:
+        super().__init__(fs, root)
+        self._run = RunRoot(root)
 
     # --- the store as a whole -----------------------------------------------------------------
     def check_reachable(self, url: str) -> None:
@@ -98,33 +66,31 @@ class LocalBackend(Backend):
         return True  # link()/O_EXCL on a local filesystem
 
     def list_run(self) -> Iterator[ListedPath]:
-        return _walk(self.root)
+        try:
+            with self._run.directory(self.root) as fd:
+                return iter(list(walk(fd)))
+        except (FileNotFoundError, NotADirectoryError):
+            return iter(())
 
     # --- safe reads ---------------------------------------------------------------------------
     def _open_regular(self, path: str) -> int:
-        """A read-only fd of `path`, opened component by component beneath the root without following
-        symlinks, and only if it is a regular file (O_NONBLOCK: opening a FIFO cannot hang)."""
-        parts = self.rel(path).split("/")
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        """A read-only fd of `path`, reached beneath the root without following symlinks, and only if it is
+        a regular file (O_NONBLOCK: opening a FIFO cannot hang)."""
         try:
-            for part in parts[:-1]:
-                nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-                os.close(fd)
-                fd = nxt
-            leaf = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
-        except OSError as exc:
-            if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-                raise type(exc)(exc.errno, exc.strerror, path) from None  # name the whole path, not the leaf
-            for depth in range(1, len(parts) + 1):  # which component stopped us: a symlink, or nothing there
-                if os.path.islink(os.path.join(self.root, *parts[:depth])):
-                    raise IrregularFileError(f"{path} is (or lies under) a symlink; refusing to follow it") from None
+            with self._run.parent(path) as (fd, name):
+                leaf = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        except NotADirectoryError:
             raise FileNotFoundError(errno.ENOENT, f"{path} does not exist") from None
-        finally:
-            os.close(fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise refusal(path, "symlink") from None
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                raise FileNotFoundError(errno.ENOENT, f"{path} does not exist") from None
+            raise named(exc, path) from None
         mode = os.fstat(leaf).st_mode
         if not stat.S_ISREG(mode):
             os.close(leaf)
-            raise IrregularFileError(f"{path} is a {_kind(mode)}, not a regular file")
+            raise IrregularFileError(f"{path} is a {kind_of(mode)}, not a regular file")
         return leaf
 
     def read_capped(self, path: str, limit: int) -> bytes:
@@ -157,53 +123,103 @@ class LocalBackend(Backend):
     def list_files(self, path: str) -> Listing:
         sizes: dict[str, int] = {}
         irregular: dict[str, str] = {}
-        if os.path.islink(path):
-            return Listing({}, {"": "symlink"})
-        for item in _walk(path):
-            if item.kind == FILE:
-                sizes[item.rel] = item.size
-            elif item.kind != DIRECTORY:
-                irregular[item.rel] = item.kind
+        try:
+            with self._run.directory(path) as fd:
+                for item in walk(fd):
+                    if item.kind == FILE:
+                        sizes[item.rel] = item.size
+                    elif item.kind != DIRECTORY:
+                        irregular[item.rel] = item.kind
+        except (FileNotFoundError, NotADirectoryError):
+            return Listing({}, {})
+        except IrregularFileError:  # the directory itself, or one above it, is a symlink (or worse)
+            return Listing({}, {"": self._kind_at(path) or "symlink"})
         return Listing(sizes, irregular)
+
+    def _kind_at(self, path: str) -> str | None:
+        """What is at `path` (lstat, beneath the root), or None when nothing is; "symlink" when what is
+        above it is one (then nothing at `path` is inside the run)."""
+        try:
+            with self._run.parent(path) as (fd, name):
+                return kind_of(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except IrregularFileError:
+            return "symlink"
 
     # --- small objects ------------------------------------------------------------------------
     def create_exclusive(self, path: str, data: bytes) -> None:
         """Write a temp file beside `path`, fsync it, then link() it into place: link fails if `path`
         exists, and readers never see a partly written file (an O_EXCL create would be empty for a moment)."""
-        directory, name = os.path.split(path)
-        os.makedirs(directory, exist_ok=True)
-        temp = os.path.join(directory, f".{name}.{uuid.uuid4().hex[:12]}.tmp")
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        with self._run.parent(path, create=True) as (dir_fd, name):
+            temp = f".{name}.{uuid.uuid4().hex[:12]}.tmp"
+            try:
+                fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
+            except OSError as exc:
+                raise named(exc, path) from None
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+            except OSError as exc:
+                raise named(exc, path) from None
+            finally:
+                os.unlink(temp, dir_fd=dir_fd)
+            os.fsync(dir_fd)
+
+    def exists(self, path: str) -> bool:
+        """Whether anything is at `path` inside the run; a path under a symlink is not inside it."""
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            with self._run.parent(path) as (fd, name):
+                os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError, IrregularFileError):
+            return False
+        return True
+
+    def mtime(self, path: str) -> float | None:
+        with self._run.parent(path) as (fd, name):
+            return os.stat(name, dir_fd=fd, follow_symlinks=False).st_mtime
+
+    def remove_file(self, path: str) -> None:
+        with self._run.parent(path) as (fd, name):
+            try:
+                os.unlink(name, dir_fd=fd)
+            except OSError as exc:
+                raise named(exc, path) from None
+
+    def remove_tree(self, path: str) -> None:
+        """Remove `path` and what is under it; a symlink there is removed, not followed (rmtree by descriptor)."""
+        try:
+            with self._run.parent(path) as (fd, name):
+                if stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    shutil.rmtree(name, dir_fd=fd)
+                else:
+                    os.unlink(name, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+
+    @contextlib.contextmanager
+    def _new_file(self, path: str) -> Iterator[tuple[int, str]]:
+        """(write descriptor, pinned path) of regular file `path`, created empty beneath the root: fsspec
+        writes it through the pinned path, which cannot lead anywhere else."""
+        with self._run.parent(path, create=True) as (dir_fd, name):
+            fd = open_for_write(dir_fd, name, path)
+        try:
+            yield fd, pinned_path(fd)
+        finally:
+            os.close(fd)
+
+    def _fsync_file(self, path: str) -> None:
+        fd = self._open_regular(path)
+        try:
             os.fsync(fd)
         finally:
             os.close(fd)
-        try:
-            os.link(temp, path)
-        finally:
-            os.unlink(temp)
-        fsync_path(directory, directory=True)
-
-    def exists(self, path: str) -> bool:
-        return os.path.lexists(path)
-
-    def mtime(self, path: str) -> float | None:
-        return os.lstat(path).st_mtime
-
-    def remove_file(self, path: str) -> None:
-        os.unlink(path)
-
-    def remove_tree(self, path: str) -> None:
-        try:
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
-            else:
-                os.unlink(path)
-        except FileNotFoundError:
-            pass
 
     # --- writing a transaction ----------------------------------------------------------------
     def data_root(self, step_dir: str, txid: str) -> str:
@@ -221,21 +237,28 @@ class LocalBackend(Backend):
 
     def check_joinable(self, step_dir: str, txid: str, who: str) -> None:
         staging = self.data_root(step_dir, txid)
-        if not os.path.isdir(staging):
+        try:
+            with self._run.directory(staging):
+                pass
+        except (FileNotFoundError, NotADirectoryError):
             raise SharedStorageError(
                 f"{who} on host {socket.gethostname()} cannot see the staging dir {staging} of {step_dir} "
                 f"(txid {txid}): on local disk every participant must share the coordinator's filesystem "
                 "(NFS, Lustre, ...); use an object store (s3://...) when they do not"
-            )
+            ) from None
 
     def prepare_step(self, step_dir: str, txid: str) -> bool:
+        """A symlink (or FIFO, ...) in the step's place counts as committed: a corrupt bundle, refused
+        unless the caller moves it aside (`replace_corrupt`), and never followed to decide."""
         final = self.path(step_dir)
-        if os.path.lexists(os.path.join(final, COMMIT_NAME)):
+        kind = self._kind_at(final)
+        if kind not in (None, FILE, DIRECTORY) or self.exists(f"{final}/{COMMIT_NAME}"):
             return True
-        if os.path.lexists(final):  # a step dir without COMMIT is debris; the claim makes it ours
+        if kind is not None:  # a step dir without COMMIT is debris; the claim makes it ours
             log.warning("removing %s: no COMMIT, and this transaction holds the step's claim", final)
             self.remove_tree(final)
-        os.makedirs(self.data_root(step_dir, txid))
+        with self._run.directory(self.data_root(step_dir, txid), create=True):
+            pass
         return False
 
     def staged_sizes(self, inv: Inventory, step: int, txid: str) -> dict[str, int]:
@@ -246,8 +269,11 @@ class LocalBackend(Backend):
 
     def create_marker(self, path: str, data: bytes) -> None:
         """O_EXCL: the name appears at once, atomically; no temp file, no fsync (markers need no durability)."""
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        with self._run.parent(path, create=True) as (dir_fd, name):
+            try:
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
+            except OSError as exc:
+                raise named(exc, path) from None
         try:
             os.write(fd, data)
         finally:
@@ -267,63 +293,75 @@ class LocalBackend(Backend):
             ) from None
 
     def open_write(self, path: str) -> Any:
-        with self._nothing_in_the_way(path):
-            self.fs.makedirs(self.fs._parent(path), exist_ok=True)
-            return self.fs.open(path, "wb")
+        with self._nothing_in_the_way(path), self._new_file(path) as (_fd, pinned):
+            return self.fs.open(pinned, "wb")
 
     def finish_write(self, raw: Any, path: str, ok: bool) -> None:
         raw.close()
         if ok:
-            fsync_path(path)
-        elif os.path.exists(path):
-            os.remove(path)
+            self._fsync_file(path)
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.remove_file(path)
 
     def copy_in(self, local_src: str, path: str) -> FileEntry:
         """Kernel-side copy into staging, then hash what landed (what readers will get), then fsync."""
-        with self._nothing_in_the_way(path):
-            self.fs.makedirs(self.fs._parent(path), exist_ok=True)
-            self.fs.put_file(local_src, path)
-        with self.fs.open(path, "rb") as staged:
-            digest, size = sha256_of_stream(staged)
-        fsync_path(path)
+        with self._nothing_in_the_way(path), self._new_file(path) as (fd, pinned):
+            self.fs.put_file(local_src, pinned)
+            with self.fs.open(pinned, "rb") as staged:
+                digest, size = sha256_of_stream(staged)
+            os.fsync(fd)
         return FileEntry(size=size, sha256=digest, logical_size=size, compression=None)
 
     def make_visible(self, step_dir: str, txid: str, manifest: bytes, commit: bytes) -> None:
         staging = self.data_root(step_dir, txid)
-        if not os.path.isdir(staging):
-            raise LostWriteError(f"{step_dir}: staging dir {staging} is gone (removed by gc?); nothing committed")
-        self.fs.pipe_file(f"{staging}/{MANIFEST_NAME}", manifest)
-        fsync_path(f"{staging}/{MANIFEST_NAME}")
-        self.fs.pipe_file(f"{staging}/{COMMIT_NAME}", commit)
-        fsync_path(f"{staging}/{COMMIT_NAME}")
-        for dirpath, _dirs, _files in os.walk(staging):
-            fsync_path(dirpath, directory=True)
+        try:
+            with self._run.directory(staging) as staging_fd:
+                for name, data in ((MANIFEST_NAME, manifest), (COMMIT_NAME, commit)):
+                    with self._new_file(f"{staging}/{name}") as (fd, pinned):
+                        self.fs.pipe_file(pinned, data)
+                        os.fsync(fd)
+                fsync_tree(staging_fd)
+        except (FileNotFoundError, NotADirectoryError):
+            raise LostWriteError(
+                f"{step_dir}: staging dir {staging} is gone (removed by gc?); nothing committed"
+            ) from None
         final = self.path(step_dir)
         try:
-            os.rename(staging, final)
+            self._rename(staging, final)
         except OSError as exc:
             if exc.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR):
                 raise BundleExistsError(f"{final} already exists: another writer committed this step") from exc
             raise
-        fsync_path(self.root, directory=True)
+
+    def _rename(self, source: str, target: str, create_target_dir: bool = False) -> None:
+        """rename(2) between two directories beneath the root, each reached without following a symlink; the
+        target's directory is fsynced (the new name is durable), and the source's when it differs."""
+        with (
+            self._run.parent(source) as (src_fd, src_name),
+            self._run.parent(target, create=create_target_dir) as (dst_fd, dst_name),
+        ):
+            try:
+                os.rename(src_name, dst_name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+            except OSError as exc:
+                raise named(exc, f"{source} -> {target}") from exc
+            os.fsync(dst_fd)
+            if not os.path.samestat(os.fstat(src_fd), os.fstat(dst_fd)):
+                os.fsync(src_fd)
 
     def discard(self, step_dir: str, txid: str | None) -> None:
         staging = self.transaction_data(step_dir, txid)
-        if staging is not None and self.fs.exists(staging):
-            self.fs.rm(staging, recursive=True)
+        if staging is not None:
+            self.remove_tree(staging)
 
     def delete_bundle(self, step_dir: str) -> None:
         doomed = self.path(TMP_DIR, f"delete-{uuid.uuid4().hex}")
-        os.makedirs(self.path(TMP_DIR), exist_ok=True)
-        os.rename(self.path(step_dir), doomed)  # atomic: invisible at once
-        fsync_path(self.root, directory=True)
+        self._rename(self.path(step_dir), doomed, create_target_dir=True)  # atomic: invisible at once
         self.remove_tree(doomed)
 
     def quarantine(self, step_dir: str, name: str) -> str:
         target = self.path(QUARANTINE_DIR, name)
-        os.makedirs(self.path(QUARANTINE_DIR), exist_ok=True)
-        os.rename(self.path(step_dir), target)  # atomic: the step is free and the bundle kept
-        fsync_path(self.root, directory=True)
+        self._rename(self.path(step_dir), target, create_target_dir=True)  # atomic: the step is free, the bundle kept
         return target
 
 
