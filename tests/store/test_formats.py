@@ -200,6 +200,16 @@ def test_a_commit_of_a_newer_format_is_refused_in_one_line_naming_the_format_and
     assert "\n" not in str(exc.value)
 
 
+def test_a_bundle_of_a_newer_format_counts_as_the_newest_and_is_listed_as_newer(store):
+    marker = raw_json(store, 2, "COMMIT")
+    del marker["writer_version"]  # a future format need not keep it: the refusal still names the format
+    put_record(store, 2, "COMMIT", {**marker, "format": 3})
+    assert store.latest() == 2  # nothing older is taken for the newest
+    entries = {e.step: e for e in store.entries()}
+    assert (entries[1].state, entries[2].state) == ("committed", "newer")
+    assert "COMMIT format 3 was written by a newer rlckpt;" in entries[2].detail
+
+
 def test_a_replace_corrupt_save_refuses_a_newer_bundle_rather_than_quarantining_it(store):
     put_record(store, 2, "COMMIT", {**raw_json(store, 2, "COMMIT"), "format": 3})
     with pytest.raises(NewerFormatError):
