@@ -47,6 +47,12 @@ class CorruptBundleError(StoreError):
     """A committed bundle fails verification: names the file and what differs."""
 
 
+class NewerFormatError(StoreError):
+    """A store record (manifest, COMMIT) is of a format newer than this rlckpt reads: written by a newer
+    rlckpt. One line naming the record, its format and the version that wrote it. Not corruption: the
+    bundle is neither read nor taken for corrupt (no fallback past it, no quarantine); upgrade to read it."""
+
+
 class UnsafeContentError(CorruptBundleError):
     """A file of a bundle holds what rlckpt will not deserialize, whatever its digest says: a pickle that
     names a global outside the allowlist for that file, or bytes not in the format that file must have.

@@ -15,12 +15,14 @@ from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
 from rlckpt.errors import (
     BundleFormatError,
     CheckpointError,
+    NewerFormatError,
     RestoreOrderError,
     RestoreRefusedError,
 )
 from rlckpt.grpo import GRPOConfig
 from rlckpt.store import BundleStore
 from rlckpt.testing.controller import run_in_process
+from rlckpt.testing.store_checks import rewrite_as_format_1
 
 SMALL = GRPOConfig(group_size=4, prompts_per_step=4)
 
@@ -180,6 +182,40 @@ def test_a_bundle_of_a_newer_run_bundle_format_is_refused_in_one_line_naming_it_
     assert f"run-bundle format {layout.RUN_BUNDLE_FORMAT + 1} was written by a newer rlckpt" in message
     assert "resume it with that newer rlckpt" in message and "\n" not in message
     assert plane.is_empty()
+
+
+def _newer_commit(run_dir: str, step: int) -> None:
+    """Make `step`'s COMMIT one of a format this rlckpt does not read (what a newer rlckpt would write)."""
+    commit = Path(run_dir) / f"step_{step}" / "COMMIT"
+    commit.write_bytes(commit.read_bytes().replace(b'"format":2', b'"format":3'))
+
+
+def test_a_newest_bundle_of_a_newer_commit_format_is_refused_in_one_line_and_no_older_one_is_tried(
+    trained_run, tmp_path
+):
+    run_dir = _copy_run(trained_run, tmp_path)
+    _newer_commit(run_dir, 4)
+    plane = InMemoryStore()
+    with pytest.raises(NewerFormatError) as refused:
+        _restore(BundleStore(run_dir), plane=plane)
+    message = str(refused.value)
+    assert "step 4" in message and "COMMIT format 3 was written by a newer rlckpt" in message and "\n" not in message
+    assert plane.is_empty()
+
+
+def test_resuming_an_older_step_below_a_bundle_of_a_newer_format_is_refused(trained_run, tmp_path):
+    run_dir = _copy_run(trained_run, tmp_path)
+    _newer_commit(run_dir, 4)
+    with pytest.raises(CheckpointError, match=r"newer committed bundles \[4\] exist"):
+        _restore(BundleStore(run_dir), resume_step=2)
+
+
+def test_a_run_bundle_rewritten_as_manifest_format_1_restores(trained_run, tmp_path):
+    store = BundleStore(_copy_run(trained_run, tmp_path))
+    rewrite_as_format_1(store, 4)
+    result, trainer, phase, _ = _restore(store)
+    assert (result.step, result.manifest.format, phase.state) == (4, 1, Phase.RESTORED)
+    assert [location.step for location in trainer.loaded] == [4]
 
 
 def test_the_manifest_says_which_mode_is_the_rollout_order_and_which_the_upload_timing(trained_run):

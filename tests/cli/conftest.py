@@ -42,13 +42,13 @@ class Run:
         """The --storage-options argument the CLI needs to reach this location."""
         return ["--storage-options", json.dumps(self.storage_options)] if self.storage_options else []
 
-    def commit(self, step: int, files: dict[str, bytes] | None = None) -> None:
-        """Commit `step` with the given files (default: two small files)."""
+    def commit(self, step: int, files: dict[str, bytes] | None = None, metadata: dict[str, Any] | None = None) -> None:
+        """Commit `step` with the given files (default: two small files) and manifest metadata."""
         files = files if files is not None else {"policy/weights.bin": b"w" * 3000, "loader.pt": b"l" * 100}
         with self.store().begin(step) as tx:
             for rel, data in files.items():
                 tx.write_bytes(rel, data)
-            tx.commit({"step": step})
+            tx.commit({"step": step} if metadata is None else metadata)
 
     def raw_path(self, *parts: str) -> tuple[Any, str]:
         """(filesystem, path) of a path under the run, to tamper with it directly."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import rlckpt
+from rlckpt.testing.store_checks import rewrite_as_format_1, rewrite_manifest
+
 
 def test_ls_table_lists_each_committed_step_with_its_file_count(run, cli):
     run.commit(1)
@@ -40,6 +43,29 @@ def test_ls_shows_a_bundle_with_a_forged_commit_as_corrupt(run, cli):
     fs.pipe_file(path, fs.cat_file(path).replace(b'"step":1', b'"step":1 '))
     records = cli("ls", run.url, "--json", *run.options_args()).json()
     assert [(r["step"], r["state"]) for r in records] == [(1, "corrupt")]
+
+
+def test_ls_json_shows_what_wrote_each_bundle_in_either_manifest_format(run, cli):
+    run.commit(1, metadata={"rlckpt_run_format": 2})
+    run.commit(2, metadata={"rlckpt_run_format": 3})
+    run.commit(3)
+    rewrite_as_format_1(run.store(), 1)
+    records = cli("ls", run.url, "--json", *run.options_args()).json()
+    written_by = [(r["manifest_format"], r["digest"], r["run_format"], r["writer_version"]) for r in records]
+    assert written_by == [
+        (1, "sha256", 2, None),
+        (2, "blake3", 3, rlckpt.__version__),
+        (2, "blake3", None, rlckpt.__version__),
+    ]
+
+
+def test_ls_shows_a_bundle_of_a_newer_manifest_format_as_newer_naming_it(run, cli):
+    run.commit(1)
+    fs, path = run.raw_path("step_1", "manifest.json")
+    rewrite_manifest(run.store(), 1, fs.cat_file(path).replace(b'"format":2', b'"format":9'))
+    (record,) = cli("ls", run.url, "--json", *run.options_args()).json()
+    assert record["state"] == "newer"
+    assert "manifest format 9 was written by a newer rlckpt" in record["detail"]
 
 
 def test_ls_of_an_empty_run_says_so_and_succeeds(run, cli):

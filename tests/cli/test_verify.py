@@ -1,6 +1,17 @@
-"""`rlckpt verify`: exit 0 valid, 1 corrupt (naming the file), 2 uncommitted or missing."""
+"""`rlckpt verify`: exit 0 valid, 1 corrupt (naming the file), 2 uncommitted or missing, 3 unreadable (a
+newer rlckpt's format)."""
 
 from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+import rlckpt
+from rlckpt.testing.store_checks import raw_path, rewrite_as_format_1
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 def test_verify_of_a_valid_bundle_exits_0(run, cli):
@@ -79,3 +90,65 @@ def test_verify_progress_bar_goes_to_stderr(run, cli):
     assert result.code == 0
     assert "step 1" in result.err and "%" in result.err
     assert "%" not in result.out
+
+
+def test_verify_says_what_wrote_a_format_2_bundle(run, cli):
+    run.commit(3, metadata={"rlckpt_run_format": 3})
+    result = cli("verify", run.url, "--step", "3", *run.options_args())
+    assert result.code == 0, result.err
+    assert (
+        f"step 3: valid (2 files, 3.0 KiB; manifest format 2, blake3, run-bundle format 3, written by rlckpt "
+        f"{rlckpt.__version__})" in result.out
+    )
+
+
+def test_verify_checks_a_hand_built_format_1_bundle_under_sha256(run, cli):
+    run.commit(3)
+    rewrite_as_format_1(run.store(), 3)
+    result = cli("verify", run.url, "--step", "3", "--json", *run.options_args())
+    assert result.code == 0, result.err
+    (verdict,) = result.json()["results"]
+    assert (verdict["status"], verdict["manifest_format"], verdict["digest"], verdict["writer_version"]) == (
+        "valid",
+        1,
+        "sha256",
+        None,
+    )
+
+
+def test_verify_of_a_flipped_byte_in_a_format_1_bundle_exits_1_naming_sha256(run, cli):
+    run.commit(2)
+    rewrite_as_format_1(run.store(), 2)
+    fs, path = run.stored_path(2, "policy/weights.bin")
+    data = bytearray(fs.cat_file(path))
+    data[1000] ^= 0x01
+    fs.pipe_file(path, bytes(data))
+    result = cli("verify", run.url, "--step", "2", *run.options_args())
+    assert result.code == 1
+    assert "policy/weights.bin has sha256:" in result.err
+
+
+def test_verify_of_a_bundle_of_a_newer_commit_format_exits_3_in_one_line(run, cli):
+    run.commit(2)
+    store = run.store()
+    fs, path = store.fs, raw_path(store, "step_2", "COMMIT")
+    fs.pipe_file(
+        path, fs.cat_file(path).replace(b'"format":2', b'"format":5').replace(rlckpt.__version__.encode(), b"0.4.2")
+    )
+    result = cli("verify", run.url, "--json", *run.options_args())
+    assert result.code == 3
+    (verdict,) = result.json()["results"]
+    assert verdict["status"] == "newer"
+    assert "COMMIT format 5 was written by a newer rlckpt 0.4;" in verdict["error"]
+
+
+@pytest.mark.parametrize(
+    ("fixture", "run_format"), [("run_format_1", 1), ("run_format_1_async", 1), ("run_format_2", 2)]
+)
+def test_verify_of_a_bundle_written_by_an_old_rlckpt_is_valid_under_sha256(fixture, run_format, cli, tmp_path):
+    run_dir = shutil.copytree(FIXTURES / fixture / "run", tmp_path / "run")
+    result = cli("verify", str(run_dir), "--json")
+    assert result.code == 0, result.err
+    (verdict,) = result.json()["results"]
+    written_by = (verdict["manifest_format"], verdict["digest"], verdict["run_format"], verdict["writer_version"])
+    assert written_by == (1, "sha256", run_format, None)

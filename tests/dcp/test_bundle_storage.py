@@ -13,9 +13,10 @@ import torch.distributed.checkpoint as dcp
 
 from rlckpt.dcp import BundleStorageReader, BundleStorageWriter
 from rlckpt.dcp import _safe_unpickle as safe_unpickle
+from rlckpt.dcp import reader as reader_module
 from rlckpt.dcp._format import SMALL_ITEM_BYTES
 from rlckpt.errors import BundleExistsError, CorruptBundleError, InvalidPathError, ShardedCheckpointError
-from rlckpt.store import BundleStore
+from rlckpt.store import BufferPool, BundleStore
 from rlckpt.testing import dcp_scenarios as scenarios
 from rlckpt.testing.dcp_ranks import (
     bitwise_equal,
@@ -25,7 +26,7 @@ from rlckpt.testing.dcp_ranks import (
     quiet_dcp_warnings,
     train_step,
 )
-from rlckpt.testing.store_checks import debris
+from rlckpt.testing.store_checks import debris, rewrite_as_format_1
 
 quiet_dcp_warnings()
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -183,7 +184,7 @@ def test_a_flipped_bit_in_a_shard_is_refused_naming_the_file(run):
     with pytest.raises(dcp.CheckpointException) as excinfo:
         dcp.load(target, storage_reader=BundleStorageReader(url, storage_options=options))
     error = raised_inside(excinfo, CorruptBundleError)
-    assert f"policy/{item.relative_path}" in str(error) and "sha256" in str(error)
+    assert f"policy/{item.relative_path} has blake3:" in str(error)
     assert bitwise_equal(flat_tensors(target), before) == []  # torch never saw a byte of it
 
 
@@ -203,8 +204,40 @@ def test_a_flipped_bit_in_metadata_is_refused_before_it_is_unpickled(run, monkey
         raise AssertionError("unpickled .metadata whose digest did not match")
 
     monkeypatch.setattr(safe_unpickle, "restricted_loads", no_unpickling)
-    with pytest.raises(CorruptBundleError, match=r"policy/\.metadata has sha256"):
+    with pytest.raises(CorruptBundleError, match=r"policy/\.metadata has blake3:"):
         BundleStorageReader(url, step=1, storage_options=options)
+
+
+def test_a_checkpoint_in_a_format_1_bundle_loads_checked_under_sha256(run):
+    store, url, options = run
+    rewrite_as_format_1(store, 1)
+    assert bitwise_equal(load(BundleStorageReader(url, storage_options=options)), flat_tensors(trained_state(0))) == []
+
+
+def test_a_flipped_bit_in_a_format_1_bundles_shard_is_refused_under_sha256(run):
+    store, url, options = run
+    rewrite_as_format_1(store, 1)
+    item = largest_item(store, 1)
+    scenarios.flip_bit(store, 1, f"policy/{item.relative_path}", item.offset + item.length // 2)
+    with pytest.raises(dcp.CheckpointException) as excinfo:
+        dcp.load(trained_state(77), storage_reader=BundleStorageReader(url, storage_options=options))
+    assert f"policy/{item.relative_path} has sha256:" in str(raised_inside(excinfo, CorruptBundleError))
+
+
+def test_a_load_reads_into_buffers_it_gives_back_whether_it_succeeds_or_fails(run, monkeypatch):
+    store, url, options = run
+    pool = BufferPool()
+    monkeypatch.setattr(reader_module, "READ_BUFFERS", pool)
+    load(BundleStorageReader(url, storage_options=options))
+    after_one = pool.idle_bytes
+    assert after_one > 0
+    load(BundleStorageReader(url, storage_options=options))
+    assert pool.idle_bytes == after_one  # the second load reused them
+    item = largest_item(store, 1)
+    scenarios.flip_bit(store, 1, f"policy/{item.relative_path}", item.offset + item.length // 2)
+    with pytest.raises(dcp.CheckpointException):
+        load(BundleStorageReader(url, storage_options=options))
+    assert pool.idle_bytes == after_one
 
 
 # --- no in-place overwrite, and what a failed save leaves -----------------------------------------------

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from rlckpt.errors import CorruptBundleError, UncommittedBundleError
-from rlckpt.store import BundleStore
-from rlckpt.store.manifest import CommitMarker, Manifest, canonical_json, sha256_hex
+from rlckpt.store import BundleStore, CommitMarker, Digest, Manifest
+from rlckpt.store.manifest import canonical_json
 from rlckpt.testing.store_checks import corrupt_file, save_sample, stored_path
 
 TARGET = "policy/weights.bin"
@@ -107,7 +107,7 @@ def test_deleted_commit_makes_the_bundle_invisible(store):
 
 
 def test_forged_commit_is_refused_naming_the_manifest(store):
-    forged = CommitMarker(step=2, txid="f" * 32, manifest_sha256=sha256_hex(b"something else"))
+    forged = CommitMarker(step=2, txid="f" * 32, manifest=Digest.of(b"something else"))
     write(store, 2, "COMMIT", forged.to_bytes())
     with pytest.raises(CorruptBundleError, match="manifest.json"):
         store.open(2)
@@ -166,7 +166,7 @@ def test_manifest_with_unsafe_relpath_is_refused_at_read(store):
     obj["files"]["../../escape.bin"] = obj["files"].pop(TARGET)
     raw = canonical_json(obj)  # a well-formed manifest in every other way
     write(store, 2, "manifest.json", raw)
-    write(store, 2, "COMMIT", CommitMarker(step=2, txid=manifest.txid, manifest_sha256=sha256_hex(raw)).to_bytes())
+    write(store, 2, "COMMIT", CommitMarker(step=2, txid=manifest.txid, manifest=Digest.of(raw)).to_bytes())
     with pytest.raises(CorruptBundleError, match=r"manifest.json is invalid.*\.\."):
         store.open(2)
 

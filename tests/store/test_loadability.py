@@ -15,7 +15,7 @@ from rlckpt.errors import (
     TransactionStateError,
     UnreadableBundleError,
 )
-from rlckpt.store import BundleStore, FileEntry, Receipt, sha256_hex
+from rlckpt.store import BundleStore, Digest, FileEntry, Receipt
 from rlckpt.store.manifest import MANIFEST_MAX_BYTES
 from rlckpt.testing.pause import Background, PauseAt
 from rlckpt.testing.store_checks import debris, save_sample
@@ -85,9 +85,19 @@ def test_a_path_under_a_reserved_name_is_refused_at_the_first_write_by_every_wri
 
 # --- receipts -------------------------------------------------------------------------------------------------
 
+
+def unchecked_digest(algorithm, hex_digest):
+    """A Digest as an unpickled receipt can carry it: built without its constructor's checks."""
+    digest = object.__new__(Digest)
+    object.__setattr__(digest, "algorithm", algorithm)
+    object.__setattr__(digest, "hex", hex_digest)
+    return digest
+
+
 MALFORMED = {
     "compression": lambda e: dataclasses.replace(e, compression="gzip"),
-    "sha256": lambda e: dataclasses.replace(e, sha256="xyz"),
+    "digest": lambda e: dataclasses.replace(e, digest=unchecked_digest(e.digest.algorithm, "xyz")),
+    "algorithm": lambda e: dataclasses.replace(e, digest=unchecked_digest("md5", e.digest.hex)),
     "size": lambda e: dataclasses.replace(e, size=float(e.size)),
     "logical_size": lambda e: dataclasses.replace(e, logical_size=e.size + 1),
 }
@@ -110,13 +120,25 @@ def test_a_receipt_with_a_wrong_digest_commits_but_never_counts_as_the_newest_go
     such a bundle is committed and corrupt; everything that decides which bundle is good reads it whole."""
     txn = store.begin(2)
     real = participate(store, txn, "rank0", {"a.bin": shard(0)})
-    lying = Receipt(real.txid, "rank0", {"a.bin": dataclasses.replace(real.files["a.bin"], sha256=sha256_hex(b"?"))})
+    lying = Receipt(real.txid, "rank0", {"a.bin": dataclasses.replace(real.files["a.bin"], digest=Digest.of(b"?"))})
     txn.commit(receipts=[lying])
-    with pytest.raises(CorruptBundleError, match="a.bin has sha256"):
+    with pytest.raises(CorruptBundleError, match="a.bin has blake3:"):
         store.open(2).verify()
     report = store.gc(keep_last=1)
     assert (report.kept_steps, report.corrupt_steps, report.deleted_steps) == ([1], [2], [])
     store.open(1).verify()
+
+
+def test_a_receipt_entry_digested_under_sha256_commits_and_is_checked_under_sha256(store):
+    """Each entry names its algorithm, so digests carried over from a format-1 bundle (sha256) commit as
+    they are, and every read checks them under sha256."""
+    txn = store.begin(2)
+    real = participate(store, txn, "rank0", {"a.bin": shard(0)})
+    carried = dataclasses.replace(real.files["a.bin"], digest=Digest.of(shard(0), "sha256"))
+    txn.commit(receipts=[Receipt(real.txid, "rank0", {"a.bin": carried})])
+    bundle = store.open(2)
+    assert bundle.verify().files["a.bin"].digest == Digest.of(shard(0), "sha256")
+    assert bundle.read_bytes("a.bin") == shard(0)
 
 
 # --- the manifest's cap ---------------------------------------------------------------------------------------
@@ -134,7 +156,7 @@ def test_a_manifest_over_the_readers_cap_for_its_metadata_is_refused_at_commit(s
 def test_a_manifest_over_the_readers_cap_for_its_many_files_is_refused_at_commit(store):
     """64 participants of 1,000 files each, with long paths (only the receipts: the cap is checked first)."""
     txn = store.begin(2)
-    entry = FileEntry(size=1, sha256=sha256_hex(b"x"), logical_size=1)
+    entry = FileEntry(size=1, digest=Digest.of(b"x"), logical_size=1)
     deep = "/".join(["d" * 60] * 7)
     receipts = [
         Receipt(txn.txid, f"rank{r}", {f"policy/{deep}/{r}/{n}.distcp": entry for n in range(1000)}) for r in range(64)

@@ -64,19 +64,19 @@ def test_dry_run_plans_the_same_retention_over_a_corrupt_newest_bundle(store):
 
 
 class _ReadersInFlight:
-    """Wraps a backend's read_range: counts the reads of bundle files (not COMMIT or the manifest) running
+    """Wraps a backend's read_into: counts the reads of bundle files (not COMMIT or the manifest) running
     at once. The first waits (up to 2 s) for a second one to start, so readers that may overlap do,
     whatever the scheduling."""
 
-    def __init__(self, read_range):
-        self._read_range = read_range
+    def __init__(self, read_into):
+        self._read_into = read_into
         self._lock = threading.Lock()
         self._second = threading.Event()
         self.now = self.most = self.calls = 0
 
-    def __call__(self, path, start, end):
+    def __call__(self, path, *args, **kwargs):
         if path.rsplit("/", 1)[-1] in ("COMMIT", "manifest.json"):
-            return self._read_range(path, start, end)
+            return self._read_into(path, *args, **kwargs)
         with self._lock:
             self.now += 1
             self.calls += 1
@@ -87,15 +87,15 @@ class _ReadersInFlight:
         try:
             if first:
                 self._second.wait(timeout=2.0)
-            return self._read_range(path, start, end)
+            return self._read_into(path, *args, **kwargs)
         finally:
             with self._lock:
                 self.now -= 1
 
 
 def _gc_with_counted_reads(store, **gc_kwargs):
-    reads = _ReadersInFlight(store.backend.read_range)
-    store.backend.read_range = reads  # type: ignore[method-assign]
+    reads = _ReadersInFlight(store.backend.read_into)
+    store.backend.read_into = reads  # type: ignore[method-assign]
     report = store.gc(keep_last=1, **gc_kwargs)
     assert (report.kept_steps, report.deleted_steps) == ([3], [1, 2])
     assert reads.calls >= 3  # every file of step 3 was read: it counts only once it verifies

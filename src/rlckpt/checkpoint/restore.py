@@ -42,6 +42,7 @@ from rlckpt.errors import (
     CheckpointError,
     CorruptBundleError,
     DataPlaneError,
+    NewerFormatError,
     ReplayStateError,
     UncommittedBundleError,
 )
@@ -148,13 +149,14 @@ async def restore_run(
             verify would collide with the resumed run's saves; or no committed bundle verifies.
         BundleFormatError: the newest bundle that opens (or `resume_step`) is of a run-bundle format
             this rlckpt does not read (a newer one): nothing is loaded, and no older bundle is tried.
+        NewerFormatError: the same for the newest bundle's COMMIT or manifest (a store format).
         CorruptBundleError: a check after the data plane loaded the snapshot failed. (A bundle whose
             record does not read — a field missing, of another type or unknown, named with its record
             and path — counts as not verifying: it is skipped, or refused with `resume_step`.)
     """
     started = time.perf_counter()
     entries = await run_blocking(store.entries)  # 1
-    candidates = [e for e in entries if e.state in ("committed", "corrupt")]
+    candidates = [e for e in entries if e.state in ("committed", "corrupt", "newer")]
     if resume_step is None and not candidates:
         phase.start_fresh()
         logger.info("no committed bundle at %s: starting fresh", store.url)
@@ -208,6 +210,8 @@ async def _first_that_verifies(
         try:
             if entry.state == "corrupt":
                 raise CorruptBundleError(entry.detail)
+            if entry.state == "newer":  # resuming an older bundle instead would save over this one
+                raise NewerFormatError(entry.detail)
             bundle = await run_blocking(store.open, entry.step)
             return await _fetch_and_check(bundle, staging, reading), skipped
         except CorruptBundleError as exc:
@@ -231,7 +235,7 @@ def check_resume_step(store: BundleStore, step: int, entries: list[StoreEntry] |
         CheckpointError: naming the step, the store and why (also: not a run bundle this rlckpt reads).
     """
     entries = store.entries() if entries is None else entries
-    newer = [e.step for e in entries if e.step > step and e.state == "committed"]
+    newer = [e.step for e in entries if e.step > step and e.state in ("committed", "newer")]
     if newer:
         raise CheckpointError(
             f"cannot resume step {step} at {store.url}: newer committed bundles {newer} exist, and the resumed run "

@@ -45,7 +45,7 @@ from rlckpt.dataplane.snapshot_metadata import update_snapshot_metadata
 from rlckpt.dataplane.threads import run_blocking
 from rlckpt.errors import CheckpointError, CorruptBundleError
 from rlckpt.replay import GroupRecord, IndexCapture, ReplayBuffer
-from rlckpt.store import BundleStore, BundleTransaction, Manifest, Receipt, sha256_hex
+from rlckpt.store import BundleStore, BundleTransaction, Digest, Manifest, Receipt
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class SaveReport:
     """What one save did and how long each part took (seconds)."""
 
     step: int
-    manifest_sha256: str
+    manifest_digest: str  # as COMMIT names it: "<algorithm>:<hex>"
     total_s: float
     foreground_s: float  # begin + policy staging + window: what the train pump waits for in an async save
     policy_stage_s: float  # policy copied to host memory
@@ -321,7 +321,7 @@ class PendingSave:
         manifest = await self._publish(metadata, receipts)  # 5: COMMIT
         report = SaveReport(
             step=step,
-            manifest_sha256=sha256_hex(manifest.to_bytes()),
+            manifest_digest=str(Digest.of(manifest.to_bytes())),
             total_s=time.perf_counter() - self.started,
             foreground_s=self.foreground_s,
             policy_stage_s=self.policy_stage_s,

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+from rlckpt.checkpoint.layout import META_FORMAT
 from rlckpt.cli import _common
 
 EPILOG = """\
@@ -25,7 +26,9 @@ def add_parser(subparsers: Any) -> None:
         help="list the bundles of a store and their state",
         description=(
             "List every step found in a store, committed or not: step, state, size, files,\n"
-            "creation time. States: committed, corrupt, uncommitted, writing, stale."
+            "creation time. States: committed, corrupt, newer, uncommitted, writing, stale.\n"
+            "--json also shows what wrote each committed bundle: manifest_format, digest,\n"
+            "run_format, writer_version."
         ),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -36,10 +39,17 @@ def add_parser(subparsers: Any) -> None:
 
 
 def entry_record(entry: Any) -> dict[str, Any]:
-    """A store entry as a plain dict (the --json form)."""
-    if dataclasses.is_dataclass(entry) and not isinstance(entry, type):
-        return dataclasses.asdict(entry)
-    return dict(vars(entry))
+    """A store entry as a plain dict (the --json form): what wrote a committed bundle shows as its manifest
+    format, digest algorithm, run-bundle format (the raw value of its manifest metadata, as written) and
+    writer version."""
+    record = (
+        dataclasses.asdict(entry)
+        if dataclasses.is_dataclass(entry) and not isinstance(entry, type)
+        else dict(vars(entry))
+    )
+    metadata = record.pop("metadata", None) or {}
+    record["run_format"] = metadata.get(META_FORMAT)
+    return record
 
 
 def render(records: list[dict[str, Any]]) -> str:
@@ -62,7 +72,7 @@ def render(records: list[dict[str, Any]]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     store = _common.open_store(args)
-    records = [entry_record(e) for e in store.entries()]
+    records = [entry_record(e) for e in store.entries(metadata_keys=(META_FORMAT,))]
     if args.json:
         _common.print_json(records)
     elif records:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from rlckpt.checkpoint.layout import META_FORMAT
 from rlckpt.cli import _common
-from rlckpt.errors import CorruptBundleError, UncommittedBundleError
+from rlckpt.errors import CorruptBundleError, NewerFormatError, UncommittedBundleError
 
 # Bundles at least this large get a progress bar (on stderr, only when stderr is a terminal
 # unless --progress forces it).
@@ -22,19 +24,26 @@ examples:
 
 exit codes: 0 every checked bundle is valid, 1 a bundle is corrupt (the message names the file
 and what differs), 2 the step is uncommitted or missing (or the store has no committed bundle),
-3 the store could not be read, 64 bad command line or store configuration (URL, --storage-options).
+3 the store could not be read, or a bundle is of a format only a newer rlckpt reads, 64 bad command
+line or store configuration (URL, --storage-options).
 """
 
 
 @dataclass(frozen=True)
 class VerifyResult:
-    """The verdict on one step: status is valid, corrupt, uncommitted or missing."""
+    """The verdict on one step: status is valid, corrupt, newer (written by a newer rlckpt: not read),
+    uncommitted or missing. A bundle that opened also says what wrote it: manifest format, digest
+    algorithm, run-bundle format (the raw value of its manifest metadata) and writer version."""
 
     step: int
     status: str
     files: int | None = None
     size: int | None = None
     error: str | None = None
+    manifest_format: int | None = None
+    digest: str | None = None
+    run_format: Any = None
+    writer_version: str | None = None
 
 
 def add_parser(subparsers: Any) -> None:
@@ -42,8 +51,10 @@ def add_parser(subparsers: Any) -> None:
         "verify",
         help="verify a bundle's files against its manifest",
         description=(
-            "Verify a committed bundle: COMMIT marker, manifest digest, then the size and sha256\n"
-            "of every file. Without --step: the newest committed bundle (the one a resume loads)."
+            "Verify a committed bundle: COMMIT marker, manifest digest, then the size and digest\n"
+            "of every file (BLAKE3, or sha256 in bundles of manifest format 1). Without --step:\n"
+            "the newest committed bundle (the one a resume loads). Each verdict says what wrote\n"
+            "the bundle: manifest format, digest algorithm, run-bundle format, writer version."
         ),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -62,10 +73,13 @@ def add_parser(subparsers: Any) -> None:
 
 
 def exit_code(results: list[VerifyResult]) -> int:
-    """1 if anything is corrupt, else 2 if anything is uncommitted/missing, else 0."""
+    """1 if anything is corrupt, else 3 if anything is of a newer format, else 2 if anything is
+    uncommitted/missing, else 0."""
     statuses = {r.status for r in results}
     if "corrupt" in statuses:
         return _common.EXIT_CORRUPT
+    if "newer" in statuses:
+        return _common.EXIT_ERROR
     if statuses & {"uncommitted", "missing"} or not results:
         return _common.EXIT_MISSING
     return _common.EXIT_OK
@@ -99,6 +113,7 @@ def verify_step(store: Any, step: int, progress: bool | None) -> VerifyResult:
     """Open and fully verify one step, turning the store's refusals into a verdict."""
     from rlckpt.store import unavailable_as_store_error
 
+    bundle = None
     try:
         bundle = store.open(step)
         # Bundle.verify reads every file outside the store's own error mapping: an outage or a
@@ -106,26 +121,52 @@ def verify_step(store: Any, step: int, progress: bool | None) -> VerifyResult:
         with unavailable_as_store_error(store.url, f"verifying step {step}"):
             _verify_bundle(bundle, step, progress)
     except CorruptBundleError as exc:
-        return VerifyResult(step, "corrupt", error=str(exc))
+        return VerifyResult(step, "corrupt", error=str(exc), **_written_by(bundle))
+    except NewerFormatError as exc:
+        return VerifyResult(step, "newer", error=str(exc))
     except UncommittedBundleError as exc:
         return VerifyResult(step, _missing_or_uncommitted(store, step), error=str(exc))
     manifest = bundle.manifest
-    return VerifyResult(step, "valid", files=len(manifest.files), size=manifest.total_size)
+    return VerifyResult(step, "valid", files=len(manifest.files), size=manifest.total_size, **_written_by(bundle))
+
+
+def _written_by(bundle: Any) -> dict[str, Any]:
+    """What wrote a bundle that opened (nothing when it did not)."""
+    if bundle is None:
+        return {}
+    manifest = bundle.manifest
+    return {
+        "manifest_format": manifest.format,
+        "digest": "+".join(manifest.digest_algorithms) or None,
+        "run_format": manifest.metadata.get(META_FORMAT),
+        "writer_version": manifest.writer_version,
+    }
 
 
 def _steps_to_check(store: Any, args: argparse.Namespace) -> list[int]:
     if args.step is not None:
         return [args.step]
     if args.all:  # also the ones whose COMMIT fails its checks: steps() hides those
-        return [e.step for e in store.entries() if e.state in ("committed", "corrupt")]
+        return [e.step for e in store.entries() if e.state in ("committed", "corrupt", "newer")]
     latest = store.latest()
     return [] if latest is None else [latest]
 
 
 def _describe(result: VerifyResult) -> str:
     if result.status == "valid":
-        return f"step {result.step}: valid ({result.files} files, {_common.format_size(result.size)})"
+        return (
+            f"step {result.step}: valid ({result.files} files, {_common.format_size(result.size)}; "
+            f"{_common.printable(_provenance(result))})"
+        )
     return f"{result.status.upper()}: {_common.printable(result.error)}"  # names step, URL and file
+
+
+def _provenance(result: VerifyResult) -> str:
+    run = "none" if result.run_format is None else json.dumps(result.run_format)
+    return (
+        f"manifest format {result.manifest_format}, {result.digest or 'no files'}, run-bundle format {run}, "
+        f"written by rlckpt {result.writer_version or '(before manifest format 2)'}"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,7 +4,8 @@ It is DCP's own FileSystemReader (same slicing, transforms, `torch.load(weights_
 so resharding is DCP's) with its filesystem replaced by the bundle: every byte torch sees was checked
 against the manifest first. `.metadata` is read digest-checked once, when the reader is made, and only
 then unpickled; each shard file a rank needs is fetched once, digest-checked, and sliced by the
-offset/length DCP recorded. Files are fetched a few ahead of the read loop (see _Prefetch).
+offset/length DCP recorded. Files are fetched a few ahead of the read loop (see _Prefetch), into reused
+buffers, hashed as they arrive.
 
 A digest proves a bundle intact, not who wrote it, so nothing of it is unpickled where code could run:
 `.metadata` only through an allowlist unpickler, and a non-tensor item reaches the caller's planner only
@@ -14,12 +15,13 @@ after it loaded weights-only (see _safe_unpickle.py; the reader guarantees it, w
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -28,25 +30,76 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, Stora
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 
 from rlckpt.errors import CorruptBundleError, RlckptError, ShardedCheckpointError, UncommittedBundleError
-from rlckpt.store import Bundle, BundleStore, join_relpath, validate_relpath
+from rlckpt.store import READ_BUFFERS, Bundle, BundleStore, join_relpath, validate_relpath
 
 from ._format import DEFAULT_PREFIX, METADATA_NAME
 from ._plan import BundleRef
 from ._safe_unpickle import VettedBytesPlanner, load_metadata
 from ._slices import check_slices, unloadable_item
 
-# A shard file up to this size is fetched into memory (one read, digest-checked, no disk copy); a
+# A shard file up to this size is read into memory (a reused buffer, hashed as it lands, no disk copy); a
 # larger one is copied to the spool dir and checked there. rlckpt's writer keeps its files far below it
 # (DEFAULT_MAX_SHARD_BYTES); files of another writer may be of any size.
 IN_MEMORY_MAX = 64 << 20
 
 
+class _BufferStream(io.RawIOBase):
+    """A read-only, seekable stream over checked bytes in a pooled buffer (torch reads it with readinto:
+    one copy, into the tensor's storage). Closing it gives the buffer back to the pool."""
+
+    def __init__(self, view: memoryview, release: Callable[[], None]) -> None:
+        super().__init__()
+        self._view = view
+        self._pos = 0
+        self._release = release
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        n = max(0, min(len(out), len(self._view) - self._pos))
+        out[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
+        data = bytes(self._view[self._pos : max(self._pos, end)])
+        self._pos += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self._pos = base + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def close(self) -> None:
+        if not self.closed:
+            self._view.release()
+            self._release()
+        super().close()
+
+
 class _Prefetch:
     """The shard files one rank's load plan needs, in the order DCP's read loop will want them, fetched
     ahead by `workers` threads and at most `workers` + 1 files ahead of the loop (memory and spool stay
-    bounded). Every fetch is digest-checked before its bytes are handed out: `Bundle.read_bytes` for a
-    file up to IN_MEMORY_MAX, else `Bundle.get_file` into a private spool dir. Fetching and hashing the
-    next files (on other cores) overlaps torch loading the current one."""
+    bounded). Every fetch is digest-checked before its bytes are handed out: an uncompressed file up to
+    IN_MEMORY_MAX is read into a buffer of the process's READ_BUFFERS pool (reused from load to load, so
+    its pages are faulted in once) and hashed as it lands; a compressed one by `Bundle.read_bytes`; a
+    larger one by `Bundle.get_file` into a private spool dir. Fetching and hashing the next files (on
+    other cores) overlaps torch loading the current one."""
 
     def __init__(self, bundle: Bundle, relpaths: list[str], workers: int, spool_dir: str | None) -> None:
         self.bundle = bundle
@@ -78,6 +131,14 @@ class _Prefetch:
                 f"step {self.bundle.step} at {self.bundle.url}: its DCP metadata names {relpath}, "
                 "which the bundle does not hold"
             ) from None
+        if entry.compression is None and entry.size <= IN_MEMORY_MAX:
+            buffer = READ_BUFFERS.take(entry.size + 1)
+            try:
+                view = self.bundle.read_into(relpath, buffer)
+            except BaseException:
+                READ_BUFFERS.give(buffer)
+                raise
+            return _BufferStream(view, functools.partial(READ_BUFFERS.give, buffer))
         if entry.logical_size <= IN_MEMORY_MAX:
             return io.BytesIO(self.bundle.read_bytes(relpath))
         with self._lock:

@@ -1,16 +1,18 @@
 """Transactional bundle store over fsspec (local disk, S3, memory). Imports neither torch, Ray nor TransferQueue.
 
-A bundle `step_<N>/` is visible only when its COMMIT names the sha256 of its manifest.json, which
-lists every file's size and digest. See docs/store-protocol.md. What callers may import is below;
-the submodules are the store's own.
+A bundle `step_<N>/` is visible only when its COMMIT names the digest of its manifest.json, which
+lists every file's size and digest (BLAKE3 in bundles written now, sha256 in those of manifest format
+1). See docs/store-protocol.md. What callers may import is below; the submodules are the store's own.
 """
 
 from .backends.object_store import WRITE_BLOCK_SIZE
+from .buffers import READ_BUFFERS, BufferPool
 from .bundle import Bundle
+from .digest import Digest
 from .gc import GcReport
 from .intent import Intent
 from .location import open_location
-from .manifest import CommitMarker, FileEntry, Manifest, sha256_hex
+from .manifest import COMMIT_FORMAT, MANIFEST_FORMAT, CommitMarker, FileEntry, Manifest
 from .participant import ParticipantWriter, Receipt, TransactionHandle, validate_participant
 from .paths import join_relpath, step_dirname, validate_relpath, validate_step
 from .storage_errors import as_store_error, unavailable_as_store_error
@@ -18,11 +20,16 @@ from .store import BundleStore, StoreEntry
 from .transaction import BundleTransaction
 
 __all__ = [
+    "COMMIT_FORMAT",
+    "MANIFEST_FORMAT",
+    "READ_BUFFERS",
     "WRITE_BLOCK_SIZE",
+    "BufferPool",
     "Bundle",
     "BundleStore",
     "BundleTransaction",
     "CommitMarker",
+    "Digest",
     "FileEntry",
     "GcReport",
     "Intent",
@@ -34,7 +41,6 @@ __all__ = [
     "as_store_error",
     "join_relpath",
     "open_location",
-    "sha256_hex",
     "step_dirname",
     "unavailable_as_store_error",
     "validate_participant",

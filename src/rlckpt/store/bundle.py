@@ -1,11 +1,10 @@
-"""Bundle: read access to one committed, checked step. Every read checks the stored bytes' size and sha256
-before any byte reaches the caller (callers unpickle what they get), and inflates zstd entries only
-to the manifest's logical size."""
+"""Bundle: read access to one committed, checked step. Every read checks the stored bytes' size and digest
+(under the algorithm the manifest names for the file) before any byte reaches the caller (callers
+unpickle what they get), and inflates zstd entries only to the manifest's logical size. Bytes are
+hashed as they arrive, in one pass: no read goes over a file's bytes a second time to hash them."""
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import os
 import shutil
 import tempfile
@@ -18,14 +17,15 @@ from typing import Any, BinaryIO
 from rlckpt.errors import CorruptBundleError, UnsafeObjectError
 
 from .backends import Backend
+from .buffers import READ_BUFFERS
 from .commit_check import check_listing
-from .compression import ZSTD, DecompressionError, ExactDecompressor, copy_decompressed, decompress_exact
-from .digest import sha256_of_stream
-from .manifest import FileEntry, Manifest, sha256_hex
+from .compression import ZSTD, DecompressionError, ExactDecompressor, decompress_exact
+from .digest import Digest, new_hasher
+from .manifest import FileEntry, Manifest
 from .paths import step_dirname, validate_relpath
 from .storage_errors import unavailable_as_store_error
 
-READ_BLOCK_SIZE = 16 << 20
+READ_BLOCK_SIZE = 16 << 20  # a streamed read fetches this much at once (one ranged GET on object stores)
 SPOOL_MAX = 64 << 20
 
 
@@ -62,11 +62,11 @@ class Bundle:
     def _corrupt(self, relpath: str, what: str) -> CorruptBundleError:
         return CorruptBundleError(f"step {self.step} at {self.url}: {relpath} {what}")
 
-    def _check(self, relpath: str, entry: FileEntry, digest: str, size: int) -> None:
+    def _check(self, relpath: str, entry: FileEntry, digest: Digest, size: int) -> None:
         if size != entry.size:
             raise self._corrupt(relpath, f"has {size} bytes, the manifest says {entry.size}")
-        if digest != entry.sha256:
-            raise self._corrupt(relpath, f"has sha256 {digest}, the manifest says {entry.sha256}")
+        if digest != entry.digest:
+            raise self._corrupt(relpath, f"has {digest}, the manifest says {entry.digest}")
 
     def _stored(self, relpath: str, read: Callable[[str], Any]) -> Any:
         """Run a backend read of `relpath`'s stored object, naming the file when it is missing or unsafe, and
@@ -80,28 +80,57 @@ class Bundle:
             raise self._corrupt(relpath, f"cannot be read safely: {exc}") from None
 
     def _stream_stored(
-        self, relpath: str, sink: Callable[[bytes], Any], progress: Callable[[int], None] | None
+        self, relpath: str, sink: Callable[[memoryview], Any], progress: Callable[[int], None] | None
     ) -> None:
-        """Stream the stored bytes of `relpath` into `sink` as ranged reads of the manifest's size, block
-        by block (no HEAD per file), then check size and digest. A file of another size fails here or in
-        the listing check every open() made."""
+        """Stream the stored bytes of `relpath` into `sink` a block at a time, through a reused buffer (ranged
+        reads of the manifest's size, no HEAD per file), each piece hashed as it lands; then check size and
+        digest. `sink` must not keep the view it is given. A file of another size fails here or in the
+        listing check every open() made."""
         entry = self._entry(relpath)
-        digest, size = hashlib.sha256(), 0
-        ends = range(0, entry.size, READ_BLOCK_SIZE) if entry.size else [0]
-        for start in ends:
-            end = min(start + READ_BLOCK_SIZE, entry.size) if entry.size else 1
-            chunk: bytes = self._stored(relpath, functools.partial(self._read_range, start=start, end=end))
-            if not chunk:
-                break
-            digest.update(chunk)
-            size += len(chunk)
-            sink(chunk)
-            if progress is not None:
-                progress(len(chunk))
-        self._check(relpath, entry, digest.hexdigest(), size)
+        hasher = new_hasher(entry.digest.algorithm, entry.size)
 
-    def _read_range(self, path: str, start: int, end: int) -> bytes:
-        return self.backend.read_range(path, start, end)
+        def arrived(piece: memoryview) -> None:
+            hasher.update(piece)
+            sink(piece)
+            if progress is not None:
+                progress(len(piece))
+
+        size = 0
+        with READ_BUFFERS.lent(min(entry.size, READ_BLOCK_SIZE) or 1) as block:
+            for start in range(0, entry.size or 1, READ_BLOCK_SIZE):
+                want = min(READ_BLOCK_SIZE, entry.size - start) or 1  # an empty file: is there a byte?
+                got = self._stored(relpath, lambda path: self.backend.read_into(path, block[:want], start, arrived))  # noqa: B023
+                size += got
+                if got < want:
+                    break
+        self._check(relpath, entry, Digest.of_hasher(entry.digest.algorithm, hasher), size)
+
+    def _stream_logical(
+        self, relpath: str, sink: Callable[[memoryview | bytes], Any], progress: Callable[[int], None] | None
+    ) -> None:
+        """The logical bytes of `relpath` into `sink`, in the one pass that hashes them (and inflates them
+        alongside when stored zstd: what the sink gets before the checks end is the caller's to throw away on
+        an error). A digest error is reported before a decompression error: bytes that differ from the
+        manifest say more."""
+        entry = self._entry(relpath)
+        if entry.compression != ZSTD:
+            self._stream_stored(relpath, sink, progress)
+            return
+        decoder = ExactDecompressor(entry.logical_size)
+        problems: list[DecompressionError] = []
+
+        def inflate(piece: memoryview) -> None:
+            if not problems:
+                try:
+                    for out in decoder.feed(piece):
+                        sink(out)
+                except DecompressionError as exc:
+                    problems.append(exc)
+
+        self._stream_stored(relpath, inflate, progress)
+        if problems:
+            raise self._corrupt(relpath, str(problems[0]))
+        self._inflate(relpath, decoder.finish)
 
     def _inflate(self, relpath: str, action: Callable[[], Any]) -> Any:
         """Run a decompression step, turning what the decompressor refuses into CorruptBundleError."""
@@ -112,7 +141,8 @@ class Bundle:
 
     # --- reads --------------------------------------------------------------------------------
     def read_bytes(self, relpath: str) -> bytes:
-        """The file's logical bytes (decompressed), after its digest was checked.
+        """The file's logical bytes (decompressed), after its digest was checked. For small files (metadata,
+        sidecars); `read_into` reads a large one into a reused buffer.
 
         Raises:
             FileNotFoundError: `relpath` is not in the manifest.
@@ -121,63 +151,64 @@ class Bundle:
         """
         entry = self._entry(relpath)
         data = self._stored(relpath, lambda path: self.backend.read_range(path, 0, entry.size + 1))
-        self._check(relpath, entry, sha256_hex(data), len(data))
+        self._check(relpath, entry, Digest.of(data, entry.digest.algorithm), len(data))
         if entry.compression == ZSTD:
             return self._inflate(relpath, lambda: decompress_exact(data, entry.logical_size))
         return data
 
+    def read_into(self, relpath: str, buffer: bytearray | memoryview) -> memoryview:
+        """Read an uncompressed file into `buffer` (at least its size; one byte more notices a longer file),
+        hashing each piece as it lands: the view of its bytes, returned after size and digest checked out.
+        A buffer reused from one read to the next (`BufferPool`) spares the page faults of fresh memory.
+
+        Raises:
+            FileNotFoundError: `relpath` is not in the manifest.
+            ValueError: the file is stored compressed (read it with `read_bytes` or `open`), or `buffer` is
+                smaller than it.
+            CorruptBundleError: the stored bytes differ from the manifest.
+        """
+        entry = self._entry(relpath)
+        if entry.compression is not None:
+            raise ValueError(
+                f"{relpath} of step {self.step} is stored {entry.compression}: read_into takes uncompressed files"
+            )
+        view = memoryview(buffer).cast("B")
+        if len(view) < entry.size:
+            raise ValueError(f"a buffer of {len(view)} bytes cannot hold {relpath} ({entry.size} bytes)")
+        hasher = new_hasher(entry.digest.algorithm, entry.size)
+        target = view[: entry.size + 1]
+        got = self._stored(relpath, lambda path: self.backend.read_into(path, target, 0, hasher.update))
+        self._check(relpath, entry, Digest.of_hasher(entry.digest.algorithm, hasher), got)
+        return view[:got]
+
     def open(self, relpath: str) -> BinaryIO:
         """A readable stream of the logical bytes; the whole file is fetched and checked before it is returned."""
         entry = self._entry(relpath)
-        stored = _spool(entry.size)
+        logical = _spool(entry.logical_size)
         try:
-            self._stream_stored(relpath, stored.write, None)
-            stored.seek(0)
-            if entry.compression != ZSTD:
-                return stored
-            logical = _spool(entry.logical_size)
-            try:
-                with stored:
-                    self._inflate(relpath, lambda: copy_decompressed(stored, logical, entry.logical_size))
-            except BaseException:
-                logical.close()
-                raise
-            logical.seek(0)
-            return logical
+            self._stream_logical(relpath, logical.write, None)
         except BaseException:
-            stored.close()
+            logical.close()
             raise
+        logical.seek(0)
+        return logical
 
     def get_file(
         self, relpath: str, local_path: str | os.PathLike[str], progress: Callable[[int], None] | None = None
     ) -> None:
-        """Download `relpath` to `local_path`; the file appears there only after its digest checked out."""
-        entry = self._entry(relpath)
+        """Download `relpath` to `local_path`, hashed (and inflated) as it is written; the file appears
+        there only after its digest checked out."""
+        self._entry(relpath)
         local_path = os.fspath(local_path)
         os.makedirs(os.path.dirname(os.path.abspath(local_path)), exist_ok=True)
         part = f"{local_path}.{uuid.uuid4().hex[:8]}.part"
         try:
-            self._stored(relpath, lambda path: self.backend.get_file(path, part))
-            self._install(relpath, entry, part, local_path, progress)
+            with open(part, "wb") as out:
+                self._stream_logical(relpath, out.write, progress)
+            os.replace(part, local_path)
         finally:
-            for leftover in (part, part + ".plain"):
-                if os.path.exists(leftover):
-                    os.remove(leftover)
-
-    def _install(
-        self, relpath: str, entry: FileEntry, part: str, local_path: str, progress: Callable[[int], None] | None
-    ) -> None:
-        """Hash the fetched copy `part` (what the caller will get), inflate it if stored compressed, and only
-        then rename it to `local_path`."""
-        with open(part, "rb") as copied:
-            digest, size = sha256_of_stream(copied, on_chunk=progress)
-        self._check(relpath, entry, digest, size)
-        if entry.compression == ZSTD:
-            plain = part + ".plain"
-            with open(part, "rb") as src, open(plain, "wb") as dst:
-                self._inflate(relpath, lambda: copy_decompressed(src, dst, entry.logical_size))
-            os.replace(plain, part)
-        os.replace(part, local_path)
+            if os.path.exists(part):
+                os.remove(part)
 
     def files_under(self, relpath: str) -> list[str]:
         """Manifest relpaths under directory `relpath` ('' = all)."""
@@ -227,7 +258,7 @@ class Bundle:
     def verify(
         self, progress: Callable[[int], None] | None = None, max_workers: int | None = None, under: str = ""
     ) -> Manifest:
-        """Re-check the listing, every file's size and sha256 and, for compressed files, that they inflate
+        """Re-check the listing, every file's size and digest and, for compressed files, that they inflate
         to exactly their logical size. `under` limits the digest checks to the files below one directory
         (e.g. a restore checks `policy/` before any rank loads it; the listing is always checked whole).
 
@@ -264,24 +295,5 @@ class Bundle:
         return self.manifest
 
     def _verify_file(self, relpath: str, tick: Callable[[int], None]) -> None:
-        """Digest check of one file; a compressed one is inflated (into nothing) alongside. A digest error
-        is reported before a decompression error: bytes that differ from the manifest say more."""
-        entry = self._entry(relpath)
-        if entry.compression != ZSTD:
-            self._stream_stored(relpath, lambda _chunk: None, tick)
-            return
-        decoder = ExactDecompressor(entry.logical_size)
-        problems: list[DecompressionError] = []
-
-        def inflate(chunk: bytes) -> None:
-            if not problems:
-                try:
-                    for _out in decoder.feed(chunk):
-                        pass
-                except DecompressionError as exc:
-                    problems.append(exc)
-
-        self._stream_stored(relpath, inflate, tick)
-        if problems:
-            raise self._corrupt(relpath, str(problems[0]))
-        self._inflate(relpath, decoder.finish)
+        """Digest check of one file; a compressed one is inflated (into nothing) alongside."""
+        self._stream_logical(relpath, lambda _piece: None, tick)

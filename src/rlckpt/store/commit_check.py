@@ -1,5 +1,6 @@
 """Visibility: the one check that decides whether a step is a committed bundle (docs/store-protocol.md,
-"Reading"). COMMIT parses and names this step; manifest.json has the sha256 COMMIT names, parses, and
+"Reading"). COMMIT parses and names this step; manifest.json has the digest COMMIT names (under the
+algorithm it names), parses, and
 agrees with COMMIT; and, when a listing is given, the step holds exactly the manifest's files, all
 regular, with their stored sizes. Used by open(), steps(), entries() and gc alike, and by the commit on
 the bytes and files it is about to publish: a commit that returns is a bundle that opens."""
@@ -8,10 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from rlckpt.errors import CorruptBundleError, InvalidPathError, UncommittedBundleError, UnsafeObjectError
+from rlckpt.errors import (
+    CorruptBundleError,
+    InvalidPathError,
+    NewerFormatError,
+    UncommittedBundleError,
+    UnsafeObjectError,
+)
 
 from .backends import Backend, CommitView, Listing
-from .manifest import COMMIT_MAX_BYTES, MANIFEST_MAX_BYTES, CommitMarker, FileEntry, Manifest, sha256_hex
+from .digest import Digest
+from .manifest import COMMIT_MAX_BYTES, MANIFEST_MAX_BYTES, CommitMarker, FileEntry, Manifest
 from .paths import COMMIT_NAME, MANIFEST_NAME, step_dirname
 
 
@@ -57,21 +65,22 @@ def check_commit(backend: Backend, step: int, view: CommitView, where: str) -> M
 
 def check_records(step: int, marker_bytes: bytes, manifest_bytes: bytes, where: str) -> Manifest:
     """Everything a reader decides on the bytes of COMMIT and manifest.json: within their caps, COMMIT
-    well-formed and naming this step and the manifest's sha256, the manifest well-formed (every entry,
-    every path, no clash) and of COMMIT's step and txid. The commit runs this very check on the bytes
-    it is about to publish. Returns the manifest; CorruptBundleError names what is wrong."""
+    well-formed and naming this step and the manifest's digest (computed under the algorithm COMMIT
+    names), the manifest well-formed (every entry, every path, no clash) and of COMMIT's step and txid.
+    The commit runs this very check on the bytes it is about to publish. Returns the manifest;
+    CorruptBundleError names what is wrong, NewerFormatError a record this rlckpt cannot read."""
     marker = _marker(step, marker_bytes, where)
     if len(manifest_bytes) > MANIFEST_MAX_BYTES:
         raise CorruptBundleError(
             f"{where}: {MANIFEST_NAME} is {len(manifest_bytes)} bytes, over its cap of {MANIFEST_MAX_BYTES}"
         )
-    actual = sha256_hex(manifest_bytes)
-    if actual != marker.manifest_sha256:
-        raise CorruptBundleError(
-            f"{where}: {MANIFEST_NAME} has sha256 {actual}, {COMMIT_NAME} names {marker.manifest_sha256}"
-        )
+    actual = Digest.of(manifest_bytes, marker.manifest.algorithm)
+    if actual != marker.manifest:
+        raise CorruptBundleError(f"{where}: {MANIFEST_NAME} has {actual}, {COMMIT_NAME} names {marker.manifest}")
     try:
         manifest = Manifest.from_bytes(manifest_bytes)
+    except NewerFormatError as exc:
+        raise NewerFormatError(f"{where}: {MANIFEST_NAME}: {exc}") from None
     except (ValueError, KeyError, InvalidPathError) as exc:
         raise CorruptBundleError(f"{where}: {MANIFEST_NAME} is invalid: {exc}") from exc
     if manifest.step != step or manifest.txid != marker.txid:
@@ -89,6 +98,8 @@ def _marker(step: int, marker_bytes: bytes, where: str) -> CommitMarker:
         )
     try:
         marker = CommitMarker.from_bytes(marker_bytes)
+    except NewerFormatError as exc:
+        raise NewerFormatError(f"{where}: {COMMIT_NAME}: {exc}") from None
     except (ValueError, KeyError) as exc:
         raise CorruptBundleError(f"{where}: {COMMIT_NAME} is malformed: {exc}") from exc
     if marker.step != step:

@@ -8,7 +8,6 @@ far past that size, so an 8 KiB entry that would inflate to 256 MiB is refused a
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import BinaryIO
 
 import zstandard
 
@@ -91,13 +90,3 @@ def decompress_exact(data: bytes, logical_size: int) -> bytes:
     out = b"".join(decoder.feed(data))
     decoder.finish()
     return out
-
-
-def copy_decompressed(src: BinaryIO, dst: BinaryIO, logical_size: int, chunk_size: int = 8 << 20) -> int:
-    """Stream-decompress stored `src` into `dst` (bounded; see ExactDecompressor); return the bytes written."""
-    decoder = ExactDecompressor(logical_size)
-    while chunk := src.read(chunk_size):
-        for out in decoder.feed(chunk):
-            dst.write(out)
-    decoder.finish()
-    return decoder.produced

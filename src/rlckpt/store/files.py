@@ -14,8 +14,9 @@ from typing import BinaryIO
 from rlckpt.errors import InvalidPathError, LostWriteError, TransactionStateError
 
 from .backends import Backend
+from .buffers import READ_BUFFERS
 from .compression import DEFAULT_LEVEL, check_compression
-from .digest import HashingWriter
+from .hashing_writer import HashingWriter
 from .manifest import FileEntry
 from .path_set import PathSet
 from .paths import join_relpath, step_dirname, validate_relpath
@@ -40,8 +41,7 @@ class FileWriter:
         self._data_root = backend.data_root(self._step_dir, txid)
         self._files: dict[str, FileEntry] = {}
         self._open: dict[str, HashingWriter] = {}
-        self._copying: set[str] = set()  # fast-path copies in flight
-        self._paths = PathSet()  # every name above: written, open or being copied
+        self._paths = PathSet()  # every name above: written or open
         self._lock = threading.Lock()
         self._state = "open"
 
@@ -129,50 +129,18 @@ class FileWriter:
         return self._files[relpath]
 
     def put_file(self, relpath: str, local_path: str | os.PathLike[str], compression: str | None = None) -> FileEntry:
-        """Copy a local file in, hashing while streaming (or by the backend's faster route for an
-        uncompressed file, e.g. a kernel-side copy into a local staging dir)."""
+        """Copy a local file in, through a reused buffer, hashing (and compressing) each piece as it passes."""
         local_path = os.fspath(local_path)
         if not os.path.isfile(local_path):
             raise FileNotFoundError(f"put_file source {local_path} is not a file")
-        if compression is None:
-            entry = self._copy_in(relpath, local_path)
-            if entry is not None:
-                return entry
-        with open(local_path, "rb") as src, self.open(relpath, compression=compression) as dst:
-            while chunk := src.read(COPY_CHUNK):
-                dst.write(chunk)
+        with (
+            open(local_path, "rb") as src,
+            READ_BUFFERS.lent(COPY_CHUNK) as buf,
+            self.open(relpath, compression=compression) as dst,
+        ):
+            while n := src.readinto(buf):
+                dst.write(buf[:n])
         return self._files[relpath]
-
-    def _copy_in(self, relpath: str, local_path: str) -> FileEntry | None:
-        validate_relpath(relpath)
-        with self._lock:
-            self._check_open()
-            self._reserve(relpath)
-            self._copying.add(relpath)
-        path = f"{self._data_root}/{relpath}"
-        try:
-            with self._storage(f"copying {relpath}"):
-                entry = self.backend.copy_in(local_path, path)
-        except InvalidPathError:
-            with self._lock:  # another writer's file or directory is in the way: it is not ours to remove
-                self._copying.discard(relpath)
-                self._release(relpath)
-            raise
-        except BaseException:
-            with self._lock:
-                self._copying.discard(relpath)
-                self._release(relpath)
-            with contextlib.suppress(Exception):  # the abort's discard removes it otherwise
-                self.backend.remove_file(path)
-            raise
-        with self._lock:
-            self._copying.discard(relpath)
-            if entry is None:
-                self._release(relpath)  # no faster route: the caller streams it, reserving it again
-            else:
-                self._check_open()
-                self._files[relpath] = entry
-        return entry
 
     def put_dir(
         self,
@@ -205,8 +173,8 @@ class FileWriter:
         can begin while the writer's files are checked and published; the files written."""
         with self._lock:
             self._check_open()
-            if self._open or self._copying:
-                still = sorted(set(self._open) | self._copying)
+            if self._open:
+                still = sorted(self._open)
                 raise TransactionStateError(f"{self.who} of step {self.step}: files still open: {still}")
             self._state = state
             return dict(self._files)

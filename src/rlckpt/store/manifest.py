@@ -1,24 +1,41 @@
-"""The manifest and COMMIT marker records and their canonical JSON form (the bytes that get digested)."""
+"""The manifest and COMMIT marker records and their canonical JSON form (the bytes that get digested).
+
+Each record states its format; this rlckpt writes MANIFEST_FORMAT / COMMIT_FORMAT and reads every
+format down to 1:
+
+- manifest 1, COMMIT 1: every digest is sha256 (entry key `sha256`, COMMIT key `manifest_sha256`).
+- manifest 2, COMMIT 2: every digest names its algorithm (entry keys `algorithm` + `digest`, COMMIT keys
+  `manifest_algorithm` + `manifest_digest`), and both records name the rlckpt version that wrote them
+  (`writer_version`).
+
+A record of a newer format is refused with NewerFormatError, in one line naming the format and the
+version that wrote it. Each format's keys are closed: a key this rlckpt does not know is refused.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
-from rlckpt.errors import InvalidPathError
+import rlckpt
+from rlckpt.errors import InvalidPathError, NewerFormatError
 
+from .digest import SHA256, Digest
 from .path_set import PathSet
 from .paths import is_txid, validate_relpath, validate_step
 
-MANIFEST_FORMAT = 1
-COMMIT_FORMAT = 1
+MANIFEST_FORMAT = 2
+COMMIT_FORMAT = 2
 COMPRESSIONS = (None, "zstd")
 # Caps on what a reader will fetch of each metadata record: no object in a run can make it allocate more.
 COMMIT_MAX_BYTES = 64 << 10
-MANIFEST_MAX_BYTES = 32 << 20  # ~200k files with short paths (docs/store-protocol.md, "Records")
+MANIFEST_MAX_BYTES = 32 << 20  # ~180k files with short paths (docs/store-protocol.md, "Records")
+
+_VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+!_-]{0,63}")  # a PEP 440 version, as a plain token
+_MAJOR_MINOR = re.compile(r"([0-9]+)\.([0-9]+)")
 
 
 def canonical_json(obj: Any) -> bytes:
@@ -54,32 +71,108 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-def sha256_hex(data: bytes) -> str:
-    """Hex sha256 of a bytes object."""
-    return hashlib.sha256(data).hexdigest()
+def _record_format(obj: dict[str, Any], what: str, written: int) -> int:
+    """The format a record states: one this rlckpt reads (1..written), or NewerFormatError in one line
+    naming the format and the version that wrote it; ValueError when it states none."""
+    found = obj.get("format")
+    if not _is_count(found) or found < 1:
+        raise ValueError(f"{what} has no format number: {found!r:.40}")
+    if found > written:
+        version = obj.get("writer_version")
+        release = _MAJOR_MINOR.match(version) if isinstance(version, str) else None
+        by = f"a newer rlckpt {release[1]}.{release[2]}" if release else "a newer rlckpt"
+        raise NewerFormatError(
+            f"{what} format {found} was written by {by}; this rlckpt {rlckpt.__version__} reads {what} formats "
+            f"1-{written}: upgrade rlckpt to read it"
+        )
+    return found
+
+
+def _check_keys(obj: dict[str, Any], keys: frozenset[str], what: str) -> None:
+    unknown = sorted(set(obj) - keys)
+    if unknown:
+        raise ValueError(f"{what} has unknown keys {unknown[:5]!r:.200}")
+    missing = sorted(keys - set(obj))
+    if missing:
+        raise ValueError(f"{what} lacks {missing}")
+
+
+def _writer_version(value: Any, what: str) -> str:
+    if not isinstance(value, str) or _VERSION.fullmatch(value) is None:
+        raise ValueError(f"{what} has a bad writer_version: {value!r:.80}")
+    return value
+
+
+def _is_count(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# --- file entries -----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class FileEntry:
-    """One file of a bundle: what is stored (size, sha256) and what the reader gets back (logical size)."""
+    """One file of a bundle: what is stored (size, digest) and what the reader gets back (logical size)."""
 
     size: int
-    sha256: str
+    digest: Digest
     logical_size: int
     compression: str | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """The entry as manifest format 2 (and every receipt) writes it."""
         return {
             "size": self.size,
-            "sha256": self.sha256,
+            "algorithm": self.digest.algorithm,
+            "digest": self.digest.hex,
             "logical_size": self.logical_size,
             "compression": self.compression,
         }
 
 
+_ENTRY_KEYS = {
+    1: frozenset({"size", "sha256", "logical_size", "compression"}),
+    2: frozenset({"size", "algorithm", "digest", "logical_size", "compression"}),
+}
+
+
+def parse_file_entry(relpath: str, raw: Any, manifest_format: int = MANIFEST_FORMAT) -> FileEntry:
+    """A file entry from its JSON form in `manifest_format`; ValueError naming `relpath` on anything
+    malformed. The one check of an entry: the manifest reader and the commit (each receipt's entries, in
+    today's format) both decide here."""
+    what = f"manifest entry for {relpath!r}"
+    if not isinstance(raw, dict):
+        raise ValueError(f"{what} is not an object")
+    _check_keys(raw, _ENTRY_KEYS[manifest_format], what)
+    size, logical, comp = raw["size"], raw["logical_size"], raw["compression"]
+    for name, value in (("size", size), ("logical_size", logical)):
+        if not _is_count(value):
+            raise ValueError(f"{what} has a bad {name}: {value!r:.40}")
+    try:
+        digest = Digest(SHA256, raw["sha256"]) if manifest_format == 1 else Digest(raw["algorithm"], raw["digest"])
+    except ValueError as exc:
+        raise ValueError(f"{what} has a bad digest: {exc}") from None
+    if comp not in COMPRESSIONS:
+        raise ValueError(f"{what} has an unknown compression: {comp!r:.40}")
+    if comp is None and logical != size:
+        raise ValueError(f"{what} is uncompressed but its logical size {logical} is not its size {size}")
+    return FileEntry(size=size, digest=digest, logical_size=logical, compression=comp)
+
+
+# --- manifest ---------------------------------------------------------------------------------------
+
+_MANIFEST_KEYS = {
+    1: frozenset({"format", "step", "txid", "created", "metadata", "files"}),
+    2: frozenset({"format", "step", "txid", "created", "metadata", "files", "writer_version"}),
+}
+
+
 @dataclass(frozen=True)
 class Manifest:
-    """Everything a reader needs to verify a bundle: every file, the step, the writer's txid and metadata."""
+    """Everything a reader needs to verify a bundle: every file, the step, the writer's txid and metadata.
+
+    `format` and `writer_version` say what wrote it: a manifest read from format 1 has no writer version;
+    one built to be written is of MANIFEST_FORMAT, by this rlckpt."""
 
     step: int
     txid: str
@@ -87,17 +180,29 @@ class Manifest:
     files: dict[str, FileEntry]
     metadata: dict[str, Any] = field(default_factory=dict)
     format: int = MANIFEST_FORMAT
+    writer_version: str | None = rlckpt.__version__
 
     @property
     def total_size(self) -> int:
         """Sum of stored sizes of all files (manifest and COMMIT excluded)."""
         return sum(entry.size for entry in self.files.values())
 
+    @property
+    def digest_algorithms(self) -> tuple[str, ...]:
+        """The algorithms its files' digests are of, sorted (one, unless entries were carried over)."""
+        return tuple(sorted({entry.digest.algorithm for entry in self.files.values()}))
+
     def to_bytes(self) -> bytes:
-        """The canonical bytes written as manifest.json."""
+        """The canonical bytes written as manifest.json (MANIFEST_FORMAT only: older formats are read, never
+        written)."""
+        if self.format != MANIFEST_FORMAT or self.writer_version is None:
+            raise ValueError(
+                f"manifest format {self.format} is read, never written (this rlckpt writes {MANIFEST_FORMAT})"
+            )
         return canonical_json(
             {
                 "format": self.format,
+                "writer_version": self.writer_version,
                 "step": self.step,
                 "txid": self.txid,
                 "created": self.created,
@@ -108,89 +213,110 @@ class Manifest:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Manifest:
-        """Parse and validate manifest bytes; raise ValueError (or InvalidPathError) on anything malformed."""
+        """Parse and validate manifest bytes of any format this rlckpt reads.
+
+        Raises:
+            NewerFormatError: a format newer than this rlckpt reads (one line naming it and its writer).
+            ValueError (or InvalidPathError): anything malformed.
+        """
         obj = parse_canonical(data, "manifest")
-        if obj.get("format") != MANIFEST_FORMAT:
-            raise ValueError(f"unsupported manifest format {obj.get('format')!r} (expected {MANIFEST_FORMAT})")
-        files_obj = obj.get("files")
+        fmt = _record_format(obj, "manifest", MANIFEST_FORMAT)
+        _check_keys(obj, _MANIFEST_KEYS[fmt], "manifest")
+        files_obj = obj["files"]
         if not isinstance(files_obj, dict):
             raise ValueError("manifest 'files' is not an object")
         files: dict[str, FileEntry] = {}
         paths = PathSet()
         for relpath, raw in files_obj.items():
             validate_relpath(relpath)
-            files[relpath] = parse_file_entry(relpath, raw)
+            files[relpath] = parse_file_entry(relpath, raw, fmt)
             clash = paths.add(relpath)
             if clash is not None:
                 raise InvalidPathError(clash.describe())
-        metadata = obj.get("metadata", {})
-        if not isinstance(metadata, dict):
+        if not isinstance(obj["metadata"], dict):
             raise ValueError("manifest 'metadata' is not an object")
-        if not is_txid(obj.get("txid")) or not isinstance(obj.get("created"), str):
-            raise ValueError(f"manifest has a bad txid {obj.get('txid')!r} or no 'created' string")
+        if not is_txid(obj["txid"]) or not isinstance(obj["created"], str):
+            raise ValueError(f"manifest has a bad txid {obj['txid']!r:.80} or no 'created' string")
         return cls(
-            step=validate_step(obj.get("step")),
+            step=validate_step(obj["step"]),
             txid=obj["txid"],
             created=obj["created"],
             files=files,
-            metadata=metadata,
+            metadata=obj["metadata"],
+            format=fmt,
+            writer_version=_writer_version(obj["writer_version"], "manifest") if fmt >= 2 else None,
         )
 
 
-def parse_file_entry(relpath: str, raw: Any) -> FileEntry:
-    """A file entry from its JSON form; ValueError naming `relpath` on anything malformed. The one check
-    of an entry: the manifest reader and the commit (each receipt's entries) both decide here."""
-    if not isinstance(raw, dict):
-        raise ValueError(f"manifest entry for {relpath!r} is not an object")
-    size, digest, logical, comp = raw.get("size"), raw.get("sha256"), raw.get("logical_size"), raw.get("compression")
-    for name, value in (("size", size), ("logical_size", logical)):
-        if not _is_count(value):
-            raise ValueError(f"manifest entry for {relpath!r} has a bad {name}: {value!r}")
-    assert _is_count(size) and _is_count(logical)
-    if not _is_sha256_hex(digest):
-        raise ValueError(f"manifest entry for {relpath!r} has a bad sha256: {digest!r}")
-    if comp not in COMPRESSIONS:
-        raise ValueError(f"manifest entry for {relpath!r} has an unknown compression: {comp!r}")
-    if comp is None and logical != size:
-        raise ValueError(
-            f"manifest entry for {relpath!r} is uncompressed but its logical size {logical} is not its size {size}"
-        )
-    return FileEntry(size=size, sha256=digest, logical_size=logical, compression=comp)
-
-
-def _is_count(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
-
-
-def _is_sha256_hex(value: Any) -> TypeGuard[str]:
-    return isinstance(value, str) and _SHA256_HEX.fullmatch(value) is not None  # a commit checks 150k of these
+# --- COMMIT -----------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class CommitMarker:
-    """The COMMIT record: names the sha256 of the manifest bytes beside it."""
+    """The COMMIT record: names the digest (and its algorithm) of the manifest bytes beside it.
+
+    To add a field (a signature, say): a dataclass field, its key in `_fields`, and its check in the
+    reader of the format that has it (`_COMMIT_READERS`)."""
 
     step: int
     txid: str
-    manifest_sha256: str
+    manifest: Digest
     format: int = COMMIT_FORMAT
+    writer_version: str | None = rlckpt.__version__
+
+    def _fields(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "writer_version": self.writer_version,
+            "step": self.step,
+            "txid": self.txid,
+            "manifest_algorithm": self.manifest.algorithm,
+            "manifest_digest": self.manifest.hex,
+        }
 
     def to_bytes(self) -> bytes:
-        return canonical_json(
-            {"format": self.format, "step": self.step, "txid": self.txid, "manifest_sha256": self.manifest_sha256}
-        )
+        """The canonical bytes written as COMMIT (COMMIT_FORMAT only)."""
+        if self.format != COMMIT_FORMAT or self.writer_version is None:
+            raise ValueError(f"COMMIT format {self.format} is read, never written (this rlckpt writes {COMMIT_FORMAT})")
+        return canonical_json(self._fields())
 
     @classmethod
     def from_bytes(cls, data: bytes) -> CommitMarker:
+        """Parse and validate COMMIT bytes of any format this rlckpt reads.
+
+        Raises:
+            NewerFormatError: a format newer than this rlckpt reads (one line naming it and its writer).
+            ValueError: anything malformed.
+        """
         obj = parse_canonical(data, "COMMIT")
-        if obj.get("format") != COMMIT_FORMAT:
-            raise ValueError(f"unsupported COMMIT format {obj.get('format')!r} (expected {COMMIT_FORMAT})")
-        digest = obj.get("manifest_sha256")
-        if not _is_sha256_hex(digest):
-            raise ValueError(f"COMMIT has a bad manifest_sha256: {digest!r}")
-        if not is_txid(obj.get("txid")):
-            raise ValueError(f"COMMIT has a bad txid: {obj.get('txid')!r}")
-        return cls(step=validate_step(obj.get("step")), txid=obj["txid"], manifest_sha256=digest)
+        fmt = _record_format(obj, "COMMIT", COMMIT_FORMAT)
+        _check_keys(obj, _COMMIT_KEYS[fmt], "COMMIT")
+        if not is_txid(obj["txid"]):
+            raise ValueError(f"COMMIT has a bad txid: {obj['txid']!r:.80}")
+        return _COMMIT_READERS[fmt](obj, validate_step(obj["step"]))
+
+
+_COMMIT_KEYS = {
+    1: frozenset({"format", "step", "txid", "manifest_sha256"}),
+    2: frozenset({"format", "writer_version", "step", "txid", "manifest_algorithm", "manifest_digest"}),
+}
+
+
+def _commit_1(obj: dict[str, Any], step: int) -> CommitMarker:
+    try:
+        digest = Digest(SHA256, obj["manifest_sha256"])
+    except ValueError as exc:
+        raise ValueError(f"COMMIT has a bad manifest_sha256: {exc}") from None
+    return CommitMarker(step=step, txid=obj["txid"], manifest=digest, format=1, writer_version=None)
+
+
+def _commit_2(obj: dict[str, Any], step: int) -> CommitMarker:
+    try:
+        digest = Digest(obj["manifest_algorithm"], obj["manifest_digest"])
+    except ValueError as exc:
+        raise ValueError(f"COMMIT names a bad manifest digest: {exc}") from None
+    version = _writer_version(obj["writer_version"], "COMMIT")
+    return CommitMarker(step=step, txid=obj["txid"], manifest=digest, format=2, writer_version=version)
+
+
+_COMMIT_READERS: dict[int, Callable[[dict[str, Any], int], CommitMarker]] = {1: _commit_1, 2: _commit_2}

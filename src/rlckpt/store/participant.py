@@ -47,7 +47,7 @@ class TransactionHandle:
 
 @dataclass(frozen=True)
 class Receipt:
-    """What one participant wrote into one transaction: relpath -> entry (stored size, sha256, ...)."""
+    """What one participant wrote into one transaction: relpath -> entry (stored size, digest, ...)."""
 
     txid: str
     participant: str

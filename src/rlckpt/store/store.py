@@ -10,12 +10,14 @@ import threading
 import time
 import uuid
 import warnings
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlckpt.errors import (
     BundleExistsError,
     CorruptBundleError,
+    NewerFormatError,
     TransactionStateError,
     UncommittedBundleError,
     UnsafeStoreError,
@@ -45,9 +47,14 @@ class StoreEntry:
     """One step-like thing found in the store, for `rlckpt ls`.
 
     state: "committed" (COMMIT names the manifest and the listing matches it), "corrupt" (COMMIT
-    present but a check failed, or a non-regular file in the step; `detail` says which), "uncommitted"
-    (data without COMMIT and no transaction: debris for gc), "writing" (a live transaction), "stale"
-    (a transaction presumed dead).
+    present but a check failed, or a non-regular file in the step; `detail` says which), "newer" (COMMIT
+    or manifest of a format this rlckpt does not read: written by a newer one; `detail` names it),
+    "uncommitted" (data without COMMIT and no transaction: debris for gc), "writing" (a live
+    transaction), "stale" (a transaction presumed dead).
+
+    A committed entry also says what wrote it: the manifest's format, its files' digest algorithm(s)
+    ("+"-joined), the writing rlckpt's version (None before manifest format 2), and the values of the
+    manifest metadata keys `entries()` was asked for.
     """
 
     step: int
@@ -58,6 +65,10 @@ class StoreEntry:
     txid: str | None
     detail: str
     path: str
+    manifest_format: int | None = None
+    digest: str | None = None
+    writer_version: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 class BundleStore:
@@ -228,7 +239,9 @@ class BundleStore:
     # --- reading ------------------------------------------------------------------------------
     def steps(self) -> list[int]:
         """Committed steps, ascending (COMMIT present and naming the manifest's digest; file contents are
-        checked when read, and fully by `Bundle.verify`)."""
+        checked when read, and fully by `Bundle.verify`). A step written by a newer rlckpt (a COMMIT or
+        manifest format this one does not read) counts, and `open` refuses it: nothing older is ever
+        taken for the newest."""
         self._check_reachable()
         with unavailable_as_store_error(self.url, "listing steps"):
             inv = self.backend.scan()
@@ -237,6 +250,8 @@ class BundleStore:
     def _passes(self, step: int) -> bool:
         try:
             load_checked_manifest(self.backend, self.url, step, with_listing=False)
+        except NewerFormatError:
+            return True  # a newer rlckpt's bundle: counted, and open() refuses it in one line
         except (CorruptBundleError, UncommittedBundleError):
             return False
         return True
@@ -252,6 +267,7 @@ class BundleStore:
         Raises:
             UncommittedBundleError: the step has no COMMIT (or does not exist).
             CorruptBundleError: a check failed; the message names the file and what differs.
+            NewerFormatError: COMMIT or manifest is of a format this rlckpt does not read (one line).
         """
         validate_step(step)
         self._check_reachable()
@@ -263,8 +279,9 @@ class BundleStore:
         with unavailable_as_store_error(self.url, f"reading the intent of step {step}"):
             return self.claims.read(step)
 
-    def entries(self) -> list[StoreEntry]:
-        """Every step-like thing in the store with its state, ascending by step."""
+    def entries(self, metadata_keys: Collection[str] = ()) -> list[StoreEntry]:
+        """Every step-like thing in the store with its state, ascending by step; a committed one with the
+        values its manifest metadata holds under `metadata_keys`."""
         self._check_reachable()
         with unavailable_as_store_error(self.url, "listing entries"):
             inv = self.backend.scan()
@@ -275,9 +292,18 @@ class BundleStore:
                     intents[read.step] = read
             irregular = inv.irregular_steps()
             steps = set(inv.steps) | set(intents) | set(irregular)
-            return [self._entry(step, inv, intents.get(step), irregular.get(step)) for step in sorted(steps)]
+            return [
+                self._entry(step, inv, intents.get(step), irregular.get(step), metadata_keys) for step in sorted(steps)
+            ]
 
-    def _entry(self, step: int, inv: Inventory, intent: IntentRead | None, irregular: str | None) -> StoreEntry:
+    def _entry(
+        self,
+        step: int,
+        inv: Inventory,
+        intent: IntentRead | None,
+        irregular: str | None,
+        metadata_keys: Collection[str],
+    ) -> StoreEntry:
         path = self.backend.path(step_dirname(step))
         files = inv.steps.get(step, {})
         data_files = {k: v for k, v in files.items() if k not in (COMMIT_NAME, MANIFEST_NAME)}
@@ -306,8 +332,21 @@ class BundleStore:
             manifest = load_checked_manifest(self.backend, self.url, step)
         except (CorruptBundleError, UncommittedBundleError) as exc:
             return StoreEntry(step, "corrupt", sum(files.values()), len(data_files), None, None, str(exc), path)
+        except NewerFormatError as exc:
+            return StoreEntry(step, "newer", sum(files.values()), len(data_files), None, None, str(exc), path)
         return StoreEntry(
-            step, "committed", manifest.total_size, len(manifest.files), manifest.created, manifest.txid, "", path
+            step,
+            "committed",
+            manifest.total_size,
+            len(manifest.files),
+            manifest.created,
+            manifest.txid,
+            "",
+            path,
+            manifest_format=manifest.format,
+            digest="+".join(manifest.digest_algorithms) or None,
+            writer_version=manifest.writer_version,
+            metadata={key: manifest.metadata[key] for key in metadata_keys if key in manifest.metadata},
         )
 
     # --- maintenance --------------------------------------------------------------------------

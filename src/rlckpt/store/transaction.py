@@ -20,8 +20,9 @@ from rlckpt.errors import (
 from .backends import Backend
 from .claims import Claims
 from .commit_check import check_records, listing_problem
+from .digest import Digest
 from .files import FileWriter
-from .manifest import CommitMarker, FileEntry, Manifest, canonical_json, sha256_hex
+from .manifest import CommitMarker, FileEntry, Manifest, canonical_json
 from .participant import Receipt, TransactionHandle, checked_receipt
 from .path_set import PathSet
 from .roster import Roster, RosterState
@@ -137,7 +138,7 @@ class BundleTransaction(FileWriter):
             metadata=meta,
         )
         manifest_bytes = manifest.to_bytes()
-        marker = CommitMarker(step=self.step, txid=self.txid, manifest_sha256=sha256_hex(manifest_bytes)).to_bytes()
+        marker = CommitMarker(step=self.step, txid=self.txid, manifest=Digest.of(manifest_bytes)).to_bytes()
         try:
             check_records(self.step, marker, manifest_bytes, where)  # what every reader decides, on these bytes
         except CorruptBundleError as exc:

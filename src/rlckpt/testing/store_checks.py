@@ -155,11 +155,11 @@ def corrupt_file(store: BundleStore, step: int, rel: str, how: str) -> None:
 def rewrite_manifest(store: BundleStore, step: int, manifest_bytes: bytes) -> None:
     """Replace a bundle's manifest and re-sign its COMMIT to name it: what a writer that wrote these very
     bytes would have committed (digests alone cannot tell it from a genuine bundle)."""
-    from rlckpt.store.manifest import CommitMarker, sha256_hex
+    from rlckpt.store import CommitMarker, Digest
 
     marker = CommitMarker.from_bytes(store.fs.cat_file(raw_path(store, f"step_{step}", "COMMIT")))
     store.fs.pipe_file(raw_path(store, f"step_{step}", "manifest.json"), manifest_bytes)
-    signed = CommitMarker(step=step, txid=marker.txid, manifest_sha256=sha256_hex(manifest_bytes))
+    signed = CommitMarker(step=step, txid=marker.txid, manifest=Digest.of(manifest_bytes))
     store.fs.pipe_file(raw_path(store, f"step_{step}", "COMMIT"), signed.to_bytes())
 
 
@@ -167,18 +167,53 @@ def forge_file(
     store: BundleStore, step: int, rel: str, stored: bytes, logical_size: int, compression: str | None
 ) -> None:
     """Put `stored` at `rel` in a committed bundle with a manifest entry that matches it exactly (size and
-    sha256), claiming `logical_size` and `compression`: a consistent bundle as a hostile writer makes it."""
+    digest), claiming `logical_size` and `compression`: a consistent bundle as a hostile writer makes it."""
+    import json
+
+    from rlckpt.store import Digest
+    from rlckpt.store.manifest import canonical_json
+
+    obj = json.loads(store.fs.cat_file(raw_path(store, f"step_{step}", "manifest.json")))
+    digest = Digest.of(stored)
+    obj["files"][rel] = {
+        "algorithm": digest.algorithm,
+        "compression": compression,
+        "digest": digest.hex,
+        "logical_size": logical_size,
+        "size": len(stored),
+    }
+    store.fs.pipe_file(stored_path(store, step, rel), stored)
+    rewrite_manifest(store, step, canonical_json(obj))
+
+
+def rewrite_as_format_1(store: BundleStore, step: int) -> bytes:
+    """Turn committed bundle `step` into the bundle rlckpt wrote before manifest format 2, by hand: every
+    entry re-hashed with sha256 under the key `sha256`, no writer version, a format-1 COMMIT naming the
+    manifest's sha256. The files stay where they are. Returns the manifest bytes written."""
     import hashlib
     import json
 
     from rlckpt.store.manifest import canonical_json
 
-    obj = json.loads(store.fs.cat_file(raw_path(store, f"step_{step}", "manifest.json")))
-    obj["files"][rel] = {
-        "compression": compression,
-        "logical_size": logical_size,
-        "sha256": hashlib.sha256(stored).hexdigest(),
-        "size": len(stored),
+    manifest = json.loads(store.fs.cat_file(raw_path(store, f"step_{step}", "manifest.json")))
+    commit = json.loads(store.fs.cat_file(raw_path(store, f"step_{step}", "COMMIT")))
+    files = {}
+    for rel, entry in manifest["files"].items():
+        stored = store.fs.cat_file(stored_path(store, step, rel))
+        files[rel] = {
+            "compression": entry["compression"],
+            "logical_size": entry["logical_size"],
+            "sha256": hashlib.sha256(stored).hexdigest(),
+            "size": entry["size"],
+        }
+    old = {key: manifest[key] for key in ("created", "metadata", "step", "txid")}
+    manifest_bytes = canonical_json({**old, "files": files, "format": 1})
+    marker = {
+        "format": 1,
+        "manifest_sha256": hashlib.sha256(manifest_bytes).hexdigest(),
+        "step": step,
+        "txid": commit["txid"],
     }
-    store.fs.pipe_file(stored_path(store, step, rel), stored)
-    rewrite_manifest(store, step, canonical_json(obj))
+    store.fs.pipe_file(raw_path(store, f"step_{step}", "manifest.json"), manifest_bytes)
+    store.fs.pipe_file(raw_path(store, f"step_{step}", "COMMIT"), canonical_json(marker))
+    return manifest_bytes

@@ -7,15 +7,18 @@ Paths are full filesystem paths (`root/...`, no protocol); `root` is the run dir
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rlckpt.errors import OversizedObjectError
 
 from ..inventory import Inventory, ListedPath, group
-from ..manifest import FileEntry
 from ..paths import COMMIT_NAME, MANIFEST_NAME
+
+# The piece of a read handed on to be hashed while it is in cache: large enough for BLAKE3's threads to
+# share, small enough to stay in a core's cache.
+READ_CHUNK = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -129,9 +132,18 @@ class Backend(abc.ABC):
     def read_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of a stored file (fewer if it is shorter)."""
 
-    @abc.abstractmethod
-    def get_file(self, path: str, local_path: str) -> None:
-        """Copy a stored file to a local path as fast as the storage allows."""
+    def read_into(
+        self, path: str, view: memoryview, start: int = 0, on_chunk: Callable[[memoryview], object] | None = None
+    ) -> int:
+        """Fill `view` with stored bytes of `path` from offset `start` (fewer at the end of the file), handing
+        each piece to `on_chunk` as it lands, while it is still in cache (readers hash it there). Returns the
+        bytes read. Object stores fetch the whole range in one GET; local disk reads it in place."""
+        data = self.read_range(path, start, start + len(view))
+        view[: len(data)] = data
+        if on_chunk is not None:
+            for at in range(0, len(data), READ_CHUNK):
+                on_chunk(view[at : min(at + READ_CHUNK, len(data))])
+        return len(data)
 
     def fetch_commit_view(
         self, step_dir: str, marker_limit: int, manifest_limit: int, with_listing: bool, in_order: bool = True
@@ -199,11 +211,6 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def finish_write(self, raw: Any, path: str, ok: bool) -> None:
         """Keep (ok) or discard the file opened by open_write."""
-
-    def copy_in(self, local_src: str, path: str) -> FileEntry | None:
-        """Copy an uncompressed local file into place by a route faster than streaming it, or return None
-        when the backend has none (the caller then streams it)."""
-        return None
 
     def written_view(self, step_dir: str, txid: str) -> Listing:
         """What readers will see of the bundle once transaction `txid` commits, from a listing taken now

@@ -19,7 +19,7 @@ import shutil
 import socket
 import stat
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rlckpt.errors import (
@@ -31,16 +31,12 @@ from rlckpt.errors import (
     StoreUnavailableError,
 )
 
-from ..digest import sha256_of_stream
 from ..inventory import DIRECTORY, FILE, ListedPath
-from ..manifest import FileEntry
 from ..paths import COMMIT_NAME, MANIFEST_NAME, QUARANTINE_DIR, RESERVED_NAMES, TMP_DIR
-from .base import Backend, Inventory, Listing
+from .base import READ_CHUNK, Backend, Inventory, Listing
 from .beneath import RunRoot, fsync_tree, kind_of, named, open_for_write, pinned_path, refusal, walk
 
 log = logging.getLogger(__name__)
-
-COPY_CHUNK = 8 << 20
 
 
 class LocalBackend(Backend):
@@ -112,13 +108,15 @@ class LocalBackend(Backend):
         finally:
             os.close(fd)
 
-    def get_file(self, path: str, local_path: str) -> None:
-        src = self._open_regular(path)
+    def read_into(
+        self, path: str, view: memoryview, start: int = 0, on_chunk: Callable[[memoryview], object] | None = None
+    ) -> int:
+        """Straight from the page cache into the caller's memory, a READ_CHUNK at a time."""
+        fd = self._open_regular(path)
         try:
-            with open(local_path, "wb") as dst:
-                _copy_fd(src, dst.fileno())
+            return _read_chunks(fd, view, start, on_chunk)
         finally:
-            os.close(src)
+            os.close(fd)
 
     def list_files(self, path: str) -> Listing:
         sizes: dict[str, int] = {}
@@ -304,15 +302,6 @@ class LocalBackend(Backend):
         with contextlib.suppress(FileNotFoundError):
             self.remove_file(path)
 
-    def copy_in(self, local_src: str, path: str) -> FileEntry:
-        """Kernel-side copy into staging, then hash what landed (what readers will get), then fsync."""
-        with self._nothing_in_the_way(path), self._new_file(path) as (fd, pinned):
-            self.fs.put_file(local_src, pinned)
-            with self.fs.open(pinned, "rb") as staged:
-                digest, size = sha256_of_stream(staged)
-            os.fsync(fd)
-        return FileEntry(size=size, sha256=digest, logical_size=size, compression=None)
-
     def make_visible(self, step_dir: str, txid: str, manifest: bytes, commit: bytes) -> None:
         staging = self.data_root(step_dir, txid)
         try:
@@ -365,17 +354,15 @@ class LocalBackend(Backend):
         return target
 
 
-def _copy_fd(src: int, dst: int) -> None:
-    """Copy all of `src` to `dst`: in the kernel (copy_file_range) when the filesystems allow, else by hand."""
-    try:
-        while os.copy_file_range(src, dst, COPY_CHUNK):
-            pass
-        return
-    except OSError as exc:
-        if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EBADF):
-            raise
-    os.lseek(src, 0, os.SEEK_SET)
-    os.lseek(dst, 0, os.SEEK_SET)
-    os.ftruncate(dst, 0)
-    with open(src, "rb", closefd=False) as reader, open(dst, "wb", closefd=False) as writer:
-        shutil.copyfileobj(reader, writer, COPY_CHUNK)
+def _read_chunks(fd: int, view: memoryview, start: int, on_chunk: Callable[[memoryview], object] | None) -> int:
+    """preadv into `view` a READ_CHUNK at a time, each piece handed to `on_chunk` while it is in cache."""
+    pos = 0
+    while pos < len(view):
+        piece = view[pos : pos + READ_CHUNK]
+        n = os.preadv(fd, [piece], start + pos)
+        if not n:
+            break
+        if on_chunk is not None:
+            on_chunk(piece[:n])
+        pos += n
+    return pos

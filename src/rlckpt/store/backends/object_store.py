@@ -111,9 +111,6 @@ class ObjectBackend(Backend):
     def read_range(self, path: str, start: int, end: int) -> bytes:
         return bytes(self.fs.cat_file(path, start=start, end=end))
 
-    def get_file(self, path: str, local_path: str) -> None:
-        self.fs.get_file(path, local_path)
-
     def fetch_commit_view(
         self, step_dir: str, marker_limit: int, manifest_limit: int, with_listing: bool, in_order: bool = True
     ) -> CommitView:

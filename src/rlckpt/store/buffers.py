@@ -1,0 +1,68 @@
+"""Reused read buffers. The first touch of each page of fresh memory is a page fault: copying 256 MiB into a
+fresh buffer took 197 ms here, into one touched before 28 ms. A checked reader must hold a private copy
+of the bytes it hashes, so it copies into buffers taken from here and given back, already faulted in.
+
+One pool per process (`READ_BUFFERS`): a trainer rank's loads reuse the buffers of its earlier loads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+SIZE_STEP = 1 << 20  # sizes are rounded up to this, so files of about one size share buffers
+POOL_MAX_IDLE = 256 << 20  # idle bytes a pool keeps; a buffer given back beyond that is freed
+
+
+class BufferPool:
+    """Byte buffers lent out and given back. `take(n)` is an idle buffer of at least n bytes, or a new one
+    (zero-filled, so its pages are faulted in once, here); `give(buf)` keeps it for the next `take` while
+    the idle total stays within `max_idle` bytes. A buffer must not be used once it is given back."""
+
+    def __init__(self, max_idle: int = POOL_MAX_IDLE) -> None:
+        self.max_idle = max_idle
+        self._idle: list[bytearray] = []
+        self._idle_bytes = 0
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> bytearray:
+        """A buffer of at least `size` bytes (its contents are whatever the last user left)."""
+        with self._lock:
+            fits = [buf for buf in self._idle if len(buf) >= size]
+            if fits:
+                buf = min(fits, key=len)
+                self._idle.remove(buf)
+                self._idle_bytes -= len(buf)
+                return buf
+        return bytearray(-(-max(size, 1) // SIZE_STEP) * SIZE_STEP)
+
+    def give(self, buf: bytearray) -> None:
+        """Return a buffer from `take`; the smallest idle ones make room for it, or it is freed."""
+        with self._lock:
+            if len(buf) > self.max_idle:
+                return
+            self._idle.append(buf)
+            self._idle_bytes += len(buf)
+            self._idle.sort(key=len, reverse=True)
+            while self._idle_bytes > self.max_idle:
+                self._idle_bytes -= len(self._idle.pop())
+
+    @contextmanager
+    def lent(self, size: int) -> Iterator[memoryview]:
+        """A view of exactly `size` bytes of a pooled buffer, given back (and the view released) on exit."""
+        buf = self.take(size)
+        view = memoryview(buf)[:size]
+        try:
+            yield view
+        finally:
+            view.release()
+            self.give(buf)
+
+    @property
+    def idle_bytes(self) -> int:
+        with self._lock:
+            return self._idle_bytes
+
+
+READ_BUFFERS = BufferPool()
