@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import shutil
@@ -269,12 +270,13 @@ class LocalBackend(Backend):
             self.fs.makedirs(self.fs._parent(path), exist_ok=True)
             return self.fs.open(path, "wb")
 
-    def finish_write(self, raw: Any, path: str, ok: bool) -> None:
+    def finish_write(self, raw: Any, path: str, ok: bool) -> Callable[[], None] | None:
         raw.close()
         if ok:
-            fsync_path(path)
-        elif os.path.exists(path):
+            return functools.partial(fsync_path, path)
+        if os.path.exists(path):
             os.remove(path)
+        return None
 
     def make_visible(self, step_dir: str, txid: str, manifest: bytes, commit: bytes) -> None:
         staging = self.data_root(step_dir, txid)
