@@ -128,11 +128,12 @@ class FileWriter:
             self._in_background(writer.relpath, durable)
 
     def _in_background(self, relpath: str, durable: Callable[[], None]) -> None:
-        """Make a kept file durable on the writer's one sync thread, while the caller goes on to its next
-        file: the disk flushes one file while the next is written and hashed."""
+        """Make a kept file durable on the writer's sync threads (as many as its writing threads, so that
+        `put_dir` syncs as many files at once as it writes), while the caller goes on to its next file: the
+        disk flushes one file while the next is written and hashed."""
         with self._lock:
             if self._sync_pool is None:
-                self._sync_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlckpt-fsync")
+                self._sync_pool = ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="rlckpt-fsync")
             self._syncing.append((relpath, self._sync_pool.submit(durable)))
 
     def _wait_durable(self) -> None:
