@@ -2,8 +2,8 @@
 commit, every read and `verify` name an algorithm and go through here; nothing else imports a hash.
 
 New bundles are written with BLAKE3 (WRITE_ALGORITHM): cryptographic like sha256, so a signature over a
-manifest keeps its meaning, and 3-6x faster on one core here, with tree-parallel hashing of large
-inputs on its threads. sha256 (every bundle of manifest format 1) stays readable.
+manifest keeps its meaning, and 2-3x faster on one core here (4x on two), with tree-parallel hashing of
+large inputs on its threads. sha256 (every bundle of manifest format 1) stays readable.
 """
 
 from __future__ import annotations
