@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import hashlib
 import json
 import os
 import platform
@@ -35,6 +34,7 @@ from typing import Any
 import fsspec
 
 from rlckpt.store import BundleStore
+from rlckpt.store.digest import WRITE_ALGORITHM, new_hasher
 from rlckpt.testing.moto import moto_server, s3_env_vars, s3_options_for
 
 MiB = 1 << 20
@@ -128,8 +128,8 @@ class Row:
     raw_save_mib_s: float = 0.0
     store_load_mib_s: float = 0.0
     raw_load_mib_s: float = 0.0
-    floor_save_s: float | None = None  # local: raw copy + sha256 + fsync (what any durable digested save costs)
-    floor_load_s: float | None = None  # local: raw copy + sha256 of the copy
+    floor_save_s: float | None = None  # local: raw copy + digest + fsync (what any durable digested save costs)
+    floor_load_s: float | None = None  # local: raw copy + digest of the copy
     samples: dict[str, list[float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -166,12 +166,13 @@ def raw_load(fs: Any, src_url: str, dst: Path) -> None:
     fs.get(src_url + "/", str(dst) + "/", recursive=True)
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
+def _digest_file(path: Path) -> str:
+    """The digest the store writes (BLAKE3, through the store's own hasher) of one file."""
+    hasher = new_hasher(WRITE_ALGORITHM, path.stat().st_size)
     with open(path, "rb") as f:
         while chunk := f.read(8 * MiB):
-            digest.update(chunk)
-    return digest.hexdigest()
+            hasher.update(chunk)
+    return hasher.hexdigest()
 
 
 def _files(root: Path) -> list[Path]:
@@ -179,19 +180,19 @@ def _files(root: Path) -> list[Path]:
 
 
 def floor_save(fs: Any, src: Path, dst: str) -> None:
-    """Local only: the least a durable, digested save must do — raw copy, sha256 of every file, fsync
+    """Local only: the least a durable, digested save must do — raw copy, the digest of every file, fsync
     of every file and directory (8 threads, as the store)."""
     raw_save(fs, src, dst)
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(_sha256_file, _files(src)))
+        list(pool.map(_digest_file, _files(src)))
         list(pool.map(_fsync, [*_files(Path(dst)), *(p for p in Path(dst).rglob("*") if p.is_dir()), Path(dst)]))
 
 
 def floor_load(fs: Any, src_url: str, dst: Path) -> None:
-    """Local only: the least a verified load must do — raw copy, then sha256 of every loaded file."""
+    """Local only: the least a verified load must do — raw copy, then the digest of every loaded file."""
     raw_load(fs, src_url, dst)
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(_sha256_file, _files(dst)))
+        list(pool.map(_digest_file, _files(dst)))
 
 
 def _fsync(path: Path) -> None:
@@ -326,8 +327,8 @@ def markdown_table(rows: list[Row], meta: dict[str, Any]) -> str:
         f"(load average {meta['load_average_1m']}), "
         f"median of {meta['repeats']} runs. "
         f"Ratio = store time / raw fsspec copy time (target ≤ {TARGET_RATIO}). Local disk also has a *floor*: "
-        "the raw copy plus sha256 of every file (and fsync of every file on save) — the least any durable, "
-        "digest-checked save or load costs; `store / floor` shows the store's own overhead above it.",
+        "the raw copy plus the store's digest (BLAKE3) of every file (and fsync of every file on save) — the "
+        "least any durable, digest-checked save or load costs; `store / floor` shows the store's own overhead.",
         "",
         "| " + " | ".join(HEADERS) + " |",
         "|" + "|".join("---:" if i else "---" for i in range(len(HEADERS))) + "|",

@@ -3,6 +3,7 @@ single transient failure), and a writer process killed with SIGKILL mid-save."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import textwrap
 
 import pytest
 
+from rlckpt.errors import StoreUnavailableError
 from rlckpt.store import BundleStore
 from rlckpt.testing.faults import FaultPlan, FaultyFileSystem, InjectedFault
 from rlckpt.testing.store_checks import (
@@ -168,4 +170,28 @@ def test_unfinished_s3_file_closed_by_its_finalizer_publishes_nothing(s3_run_url
     raw.__del__()  # what the garbage collector does to it
     assert not store.fs.exists(path)
     store.gc(stale_after=0)  # the upload it may have started is removed like a crashed writer's
+    assert debris(store) == []
+
+
+def test_a_file_whose_fsync_fails_in_the_background_fails_the_commit_naming_it(tmp_path, monkeypatch):
+    """Local disk fsyncs each file on the writer's sync thread while the next one is written: a sync that
+    fails there must still keep the bundle from being published. (Object stores have no fsync: an upload
+    that returned is durable.)"""
+    from rlckpt.store.backends.local import LocalBackend
+
+    real_fsync = LocalBackend._fsync_file
+
+    def failing_fsync(self, path):
+        if path.endswith("/b.bin"):
+            raise OSError(errno.EIO, "Input/output error", path)
+        return real_fsync(self, path)
+
+    monkeypatch.setattr(LocalBackend, "_fsync_file", failing_fsync)
+    store = BundleStore(str(tmp_path / "run"))
+    txn = store.begin(2)
+    txn.write_bytes("a.bin", b"a" * 100)
+    txn.write_bytes("b.bin", b"b" * 100)
+    with pytest.raises(StoreUnavailableError, match="syncing b.bin"):
+        txn.commit()
+    assert store.steps() == []
     assert debris(store) == []

@@ -163,10 +163,8 @@ def _describe(result: VerifyResult) -> str:
 
 def _provenance(result: VerifyResult) -> str:
     run = "none" if result.run_format is None else json.dumps(result.run_format)
-    return (
-        f"manifest format {result.manifest_format}, {result.digest or 'no files'}, run-bundle format {run}, "
-        f"written by rlckpt {result.writer_version or '(before manifest format 2)'}"
-    )
+    writer = f"written by rlckpt {result.writer_version}" if result.writer_version else "writer not recorded"
+    return f"manifest format {result.manifest_format}, {result.digest or 'no files'}, run-bundle format {run}, {writer}"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ hashed as they arrive, in one pass: no read goes over a file's bytes a second ti
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
@@ -99,7 +100,8 @@ class Bundle:
         with READ_BUFFERS.lent(min(entry.size, READ_BLOCK_SIZE) or 1) as block:
             for start in range(0, entry.size or 1, READ_BLOCK_SIZE):
                 want = min(READ_BLOCK_SIZE, entry.size - start) or 1  # an empty file: is there a byte?
-                got = self._stored(relpath, lambda path: self.backend.read_into(path, block[:want], start, arrived))  # noqa: B023
+                read = functools.partial(self.backend.read_into, view=block[:want], start=start, on_chunk=arrived)
+                got = self._stored(relpath, read)
                 size += got
                 if got < want:
                     break

@@ -7,8 +7,8 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import BinaryIO
 
 from rlckpt.errors import InvalidPathError, LostWriteError, TransactionStateError
@@ -43,6 +43,9 @@ class FileWriter:
         self._open: dict[str, HashingWriter] = {}
         self._paths = PathSet()  # every name above: written or open
         self._lock = threading.Lock()
+        # Kept files still being made durable (their fsync), beside the writing and hashing of the next ones.
+        self._syncing: list[tuple[str, Future[None]]] = []
+        self._sync_pool: ThreadPoolExecutor | None = None
         self._state = "open"
 
     @contextlib.contextmanager
@@ -111,7 +114,7 @@ class FileWriter:
         keep = entry is not None and live
         try:
             with self._storage(f"{'finishing' if keep else 'discarding'} {writer.relpath}"):
-                self.backend.finish_write(writer.raw, f"{self._data_root}/{writer.relpath}", ok=keep)
+                durable = self.backend.finish_write(writer.raw, f"{self._data_root}/{writer.relpath}", ok=keep)
         except BaseException:
             keep = False
             raise
@@ -121,6 +124,27 @@ class FileWriter:
                     self._files[writer.relpath] = entry  # type: ignore[assignment]
                 else:
                     self._release(writer.relpath)
+        if durable is not None:
+            self._in_background(writer.relpath, durable)
+
+    def _in_background(self, relpath: str, durable: Callable[[], None]) -> None:
+        """Make a kept file durable on the writer's sync threads (as many as its writing threads, so that
+        `put_dir` syncs as many files at once as it writes), while the caller goes on to its next file: the
+        disk flushes one file while the next is written and hashed."""
+        with self._lock:
+            if self._sync_pool is None:
+                self._sync_pool = ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="rlckpt-fsync")
+            self._syncing.append((relpath, self._sync_pool.submit(durable)))
+
+    def _wait_durable(self) -> None:
+        """Every kept file durable: waits for the background syncs; the first failure is raised, naming the file
+        (then nothing may be sealed or committed). A file removed behind the writer's back before its sync is
+        left to the commit's listing check, which names it as every reader would."""
+        with self._lock:
+            pending, self._syncing = self._syncing, []
+        for relpath, done in pending:
+            with self._storage(f"syncing {relpath}"), contextlib.suppress(FileNotFoundError):
+                done.result()
 
     def write_bytes(self, relpath: str, data: bytes, compression: str | None = None) -> FileEntry:
         """Write a whole file from memory."""
@@ -180,10 +204,15 @@ class FileWriter:
             return dict(self._files)
 
     def _stop(self, state: str) -> list[HashingWriter]:
-        """Move to `state` (no more writes); returns the writers still open, for the caller to discard."""
+        """Move to `state` (no more writes); returns the writers still open, for the caller to discard. The
+        sync thread ends once what it was given is done."""
         with self._lock:
             self._state = state
-            return list(self._open.values())
+            pool, self._sync_pool = self._sync_pool, None
+            writers = list(self._open.values())
+        if pool is not None:
+            pool.shutdown(wait=False)
+        return writers
 
     def _discard_open(self, writers: list[HashingWriter]) -> None:
         for writer in writers:

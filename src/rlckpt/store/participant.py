@@ -124,6 +124,7 @@ class ParticipantWriter(FileWriter):
         """
         files = self._close_writes("sealing")
         try:
+            self._wait_durable()  # a receipt lists only files on disk for good
             with unavailable_as_store_error(self.url, f"sealing {self.who} of step {self.step}"):
                 self.claims.assert_owner(self.step, self.txid)
                 self.roster.seal(self.participant)

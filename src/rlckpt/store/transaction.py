@@ -126,6 +126,7 @@ class BundleTransaction(FileWriter):
         participants: Collection[str] | None,
     ) -> tuple[Manifest, RosterState]:
         where = f"step {self.step} (txid {self.txid}) at {self.url}"
+        self._wait_durable()  # nothing is published before every file of the coordinator's is durable
         receipts = [checked_receipt(r, where) for r in receipts]
         files = self._merge(own, receipts, participants, where)
         meta = dict(metadata or {})

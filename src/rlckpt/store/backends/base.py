@@ -209,8 +209,10 @@ class Backend(abc.ABC):
         """A writable binary file that publishes nothing until finish_write(ok=True)."""
 
     @abc.abstractmethod
-    def finish_write(self, raw: Any, path: str, ok: bool) -> None:
-        """Keep (ok) or discard the file opened by open_write."""
+    def finish_write(self, raw: Any, path: str, ok: bool) -> Callable[[], None] | None:
+        """Keep (ok) or discard the file opened by open_write. May return what is left to make a kept file
+        durable (local disk: its fsync), for the writer to run in the background, beside writing and
+        hashing its next file, and to wait for before it seals or commits."""
 
     def written_view(self, step_dir: str, txid: str) -> Listing:
         """What readers will see of the bundle once transaction `txid` commits, from a listing taken now

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import shutil
@@ -294,13 +295,13 @@ class LocalBackend(Backend):
         with self._nothing_in_the_way(path), self._new_file(path) as (_fd, pinned):
             return self.fs.open(pinned, "wb")
 
-    def finish_write(self, raw: Any, path: str, ok: bool) -> None:
+    def finish_write(self, raw: Any, path: str, ok: bool) -> Callable[[], None] | None:
         raw.close()
         if ok:
-            self._fsync_file(path)
-            return
+            return functools.partial(self._fsync_file, path)
         with contextlib.suppress(FileNotFoundError):
             self.remove_file(path)
+        return None
 
     def make_visible(self, step_dir: str, txid: str, manifest: bytes, commit: bytes) -> None:
         staging = self.data_root(step_dir, txid)

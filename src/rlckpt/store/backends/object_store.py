@@ -172,7 +172,7 @@ class ObjectBackend(Backend):
         the partial object (e.g. a writer dropped in a reference cycle, whose finalizers run in any order)."""
         return self.fs.open(path, "wb", autocommit=False, block_size=WRITE_BLOCK_SIZE)
 
-    def finish_write(self, raw: Any, path: str, ok: bool) -> None:
+    def finish_write(self, raw: Any, path: str, ok: bool) -> None:  # an uploaded object is durable
         """Success: publish in one step. Failure: discard (aborts a started multipart upload, drops the buffer).
 
         On s3fs (any fsspec AbstractBufferedFile) autocommit is switched on just before close(): a file
@@ -187,11 +187,12 @@ class ObjectBackend(Backend):
                 else:
                     raw.close()
                     raw.commit()
-                return
+                return None
             except BaseException:
                 self._discard_file(raw)
                 raise
         self._discard_file(raw)
+        return None
 
     @staticmethod
     def _discard_file(raw: Any) -> None:
