@@ -97,6 +97,17 @@ def copy_bundle(source: BundleStore, step: int, target: BundleStore) -> None:
         target.fs.pipe_file(dest, source.fs.cat_file(path))
 
 
+def recommit_bundle(source: BundleStore, step: int, target: BundleStore) -> None:
+    """Commit `source`'s committed `step` into `target` as the same step, every file and the manifest
+    metadata as they are, through `target` (without a key: unsigned): a consistent bundle of another run,
+    as anyone who can write the target's storage can put there, whatever the two stores' layouts."""
+    bundle = source.open(step)
+    with target.begin(step) as txn:
+        for rel in sorted(bundle.manifest.files):
+            txn.write_bytes(rel, bundle.read_bytes(rel))
+        txn.commit(dict(bundle.manifest.metadata))
+
+
 def rewrite_run_record(store: BundleStore, run_id: str | None) -> None:
     """Replace the run's record with one naming `run_id`, or remove it (None)."""
     path = f"{store.root}/{RUN_RECORD_NAME}"
