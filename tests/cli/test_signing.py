@@ -87,6 +87,13 @@ def test_train_takes_its_signing_key_from_the_environment(cli, keys, tmp_path, m
     assert result.code == 64 and "is open to others (mode 0640)" in one_line(result.err)
 
 
+def test_train_with_a_verify_key_and_no_signing_key_warns_that_its_own_bundles_will_not_verify(cli, signed_run, keys):
+    args = ("--steps", "4", "--fresh", "--verify-key", keys.verify_key, *signed_run.options_args())
+    result = cli("train", "--run-dir", signed_run.url, *args)  # --fresh over bundle 2: stops before Ray starts
+    assert result.code != 0 and "--fresh but" in result.err
+    assert "WARNING: a verify key and no signing key: the bundles this run saves are unsigned" in result.err
+
+
 # --- ls -----------------------------------------------------------------------------------------------------
 
 

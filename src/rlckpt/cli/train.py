@@ -292,6 +292,12 @@ def run(
 
     signing_key = _common.signing_key(args)  # a key file that cannot be used: one line, exit 64, before anything
     verify_key = _common.verify_key(args) or (signing_key.public if signing_key else None)
+    if verify_key is not None and signing_key is None:  # allowed (the key may be lost), but a trap: say so
+        print(
+            "rlckpt train: WARNING: a verify key and no signing key: the bundles this run saves are unsigned, "
+            "and a resume with that verify key will not read them",
+            file=sys.stderr,
+        )
     config = TrainConfig(
         run_dir=args.run_dir,
         steps=args.steps,
