@@ -200,7 +200,11 @@ def test_a_newest_bundle_of_a_newer_commit_format_is_refused_in_one_line_and_no_
     with pytest.raises(NewerFormatError) as refused:
         _restore(BundleStore(run_dir), plane=plane)
     message = str(refused.value)
-    assert "step 4" in message and "COMMIT format 3 was written by a newer rlckpt" in message and "\n" not in message
+    assert (
+        "step 4" in message
+        and f"COMMIT format {COMMIT_FORMAT + 1} was written by a newer rlckpt" in message
+        and "\n" not in message
+    )
     assert plane.is_empty()
 
 

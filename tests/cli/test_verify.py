@@ -99,7 +99,7 @@ def test_verify_says_what_wrote_a_format_2_bundle(run, cli):
     assert result.code == 0, result.err
     assert (
         f"step 3: valid (2 files, 3.0 KiB; manifest format 2, blake3, run-bundle format 3, written by rlckpt "
-        f"{rlckpt.__version__})" in result.out
+        f"{rlckpt.__version__}, unsigned)" in result.out
     )
 
 
