@@ -136,7 +136,8 @@ def verify_key(args: argparse.Namespace) -> VerifyKey | None:
     """The verify key named by --verify-key or $RLCKPT_VERIFY_KEY, loaded (KeyFileError: exit 64), or None."""
     from rlckpt.store import VerifyKey
 
-    path = args.verify_key or os.environ.get(VERIFY_KEY_ENV)
+    # getattr: a command built without add_common_arguments (or a hand-made Namespace) has no flag of its own
+    path = getattr(args, "verify_key", None) or os.environ.get(VERIFY_KEY_ENV)
     return VerifyKey.load(path) if path else None
 
 
