@@ -61,6 +61,26 @@ class UnsafeContentError(CorruptBundleError):
     storage is refused (docs/security.md)."""
 
 
+class SignatureError(CorruptBundleError):
+    """A store with a verify key refuses a bundle it cannot prove the key's holder committed for this run:
+    the bundle does not verify, like a corrupt one (a resume passes over it loudly, retention never counts
+    it), though its bytes may be intact. One line naming the step and why (docs/security.md)."""
+
+
+class UnsignedBundleError(SignatureError):
+    """The bundle's COMMIT carries no signature (written without a signing key, or before COMMIT format 3)."""
+
+
+class BadSignatureError(SignatureError):
+    """The bundle's COMMIT carries a signature the verify key does not accept: made by another key, not
+    over this COMMIT (a bit flipped, the bundle moved to another step), or for another run."""
+
+
+class RunIdentityError(StoreError):
+    """A run is another run than the one asked for: its run record (`_run.json`) names another id, so the
+    bundles signed for the one would not verify in the other (a replica must take its source's record)."""
+
+
 class TransactionStateError(StoreError):
     """A transaction was used after commit/abort, or committed twice."""
 
@@ -108,6 +128,16 @@ class OversizedObjectError(UnsafeObjectError):
 
 class IrregularFileError(UnsafeObjectError):
     """A path inside a run on local disk is a symlink, FIFO, socket or device, not a regular file."""
+
+
+# --- signing keys --------------------------------------------------------------------------------
+
+
+class KeyFileError(RlckptError, ValueError):
+    """A signing or verify key file cannot be used: missing, not a regular file, a private key that group
+    or others may read or write, not a PEM Ed25519 key of the kind asked for, or (keygen) a key file
+    already there. One line naming the file; never any key material. The command line or the file must
+    change (the CLI exits 64)."""
 
 
 # --- data plane ----------------------------------------------------------------------------------

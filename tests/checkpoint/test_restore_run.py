@@ -20,7 +20,7 @@ from rlckpt.errors import (
     RestoreRefusedError,
 )
 from rlckpt.grpo import GRPOConfig
-from rlckpt.store import BundleStore
+from rlckpt.store import COMMIT_FORMAT, BundleStore
 from rlckpt.testing.controller import run_in_process
 from rlckpt.testing.store_checks import rewrite_as_format_1
 
@@ -187,7 +187,8 @@ def test_a_bundle_of_a_newer_run_bundle_format_is_refused_in_one_line_naming_it_
 def _newer_commit(run_dir: str, step: int) -> None:
     """Make `step`'s COMMIT one of a format this rlckpt does not read (what a newer rlckpt would write)."""
     commit = Path(run_dir) / f"step_{step}" / "COMMIT"
-    commit.write_bytes(commit.read_bytes().replace(b'"format":2', b'"format":3'))
+    newer = f'"format":{COMMIT_FORMAT + 1}'.encode()
+    commit.write_bytes(commit.read_bytes().replace(f'"format":{COMMIT_FORMAT}'.encode(), newer))
 
 
 def test_a_newest_bundle_of_a_newer_commit_format_is_refused_in_one_line_and_no_older_one_is_tried(
@@ -199,7 +200,11 @@ def test_a_newest_bundle_of_a_newer_commit_format_is_refused_in_one_line_and_no_
     with pytest.raises(NewerFormatError) as refused:
         _restore(BundleStore(run_dir), plane=plane)
     message = str(refused.value)
-    assert "step 4" in message and "COMMIT format 3 was written by a newer rlckpt" in message and "\n" not in message
+    assert (
+        "step 4" in message
+        and f"COMMIT format {COMMIT_FORMAT + 1} was written by a newer rlckpt" in message
+        and "\n" not in message
+    )
     assert plane.is_empty()
 
 

@@ -1,4 +1,4 @@
-"""`rlckpt ls`: one row per step with state, size, files and creation time; --json for scripts."""
+"""`rlckpt ls`: one row per step with state, signature, size, files and creation time; --json for scripts."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ def test_ls_table_lists_each_committed_step_with_its_file_count(run, cli):
     result = cli("ls", run.url, *run.options_args())
     assert result.code == 0
     lines = result.out.splitlines()
-    assert lines[0].split()[:4] == ["STEP", "STATE", "SIZE", "FILES"]
+    assert lines[0].split()[:5] == ["STEP", "STATE", "SIGNATURE", "SIZE", "FILES"]
     rows = [line.split() for line in lines[1:]]
-    assert [(r[0], r[1], r[-3]) for r in rows] == [("1", "committed", "2"), ("2", "committed", "1")]
+    assert [(r[0], r[1], r[2], r[-3]) for r in rows] == [
+        ("1", "committed", "unsigned", "2"),
+        ("2", "committed", "unsigned", "1"),
+    ]
 
 
 def test_ls_json_gives_step_state_size_files_created(run, cli):

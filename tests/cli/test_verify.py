@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import rlckpt
+from rlckpt.store import COMMIT_FORMAT
 from rlckpt.testing.store_checks import raw_path, rewrite_as_format_1
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -98,7 +99,7 @@ def test_verify_says_what_wrote_a_format_2_bundle(run, cli):
     assert result.code == 0, result.err
     assert (
         f"step 3: valid (2 files, 3.0 KiB; manifest format 2, blake3, run-bundle format 3, written by rlckpt "
-        f"{rlckpt.__version__})" in result.out
+        f"{rlckpt.__version__}, unsigned)" in result.out
     )
 
 
@@ -133,7 +134,10 @@ def test_verify_of_a_bundle_of_a_newer_commit_format_exits_3_in_one_line(run, cl
     store = run.store()
     fs, path = store.fs, raw_path(store, "step_2", "COMMIT")
     fs.pipe_file(
-        path, fs.cat_file(path).replace(b'"format":2', b'"format":5').replace(rlckpt.__version__.encode(), b"0.4.2")
+        path,
+        fs.cat_file(path)
+        .replace(f'"format":{COMMIT_FORMAT}'.encode(), b'"format":5')
+        .replace(rlckpt.__version__.encode(), b"0.4.2"),
     )
     result = cli("verify", run.url, "--json", *run.options_args())
     assert result.code == 3

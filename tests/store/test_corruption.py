@@ -107,7 +107,7 @@ def test_deleted_commit_makes_the_bundle_invisible(store):
 
 
 def test_forged_commit_is_refused_naming_the_manifest(store):
-    forged = CommitMarker(step=2, txid="f" * 32, manifest=Digest.of(b"something else"))
+    forged = CommitMarker(step=2, txid="f" * 32, manifest=Digest.of(b"something else"), run="0" * 32)
     write(store, 2, "COMMIT", forged.to_bytes())
     with pytest.raises(CorruptBundleError, match="manifest.json"):
         store.open(2)
@@ -166,7 +166,8 @@ def test_manifest_with_unsafe_relpath_is_refused_at_read(store):
     obj["files"]["../../escape.bin"] = obj["files"].pop(TARGET)
     raw = canonical_json(obj)  # a well-formed manifest in every other way
     write(store, 2, "manifest.json", raw)
-    write(store, 2, "COMMIT", CommitMarker(step=2, txid=manifest.txid, manifest=Digest.of(raw)).to_bytes())
+    marker = CommitMarker(step=2, txid=manifest.txid, manifest=Digest.of(raw), run=store.run_record().run_id)
+    write(store, 2, "COMMIT", marker.to_bytes())
     with pytest.raises(CorruptBundleError, match=r"manifest.json is invalid.*\.\."):
         store.open(2)
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import rlckpt
 from rlckpt.errors import CorruptBundleError, NewerFormatError
-from rlckpt.store import BundleStore, Digest, FileEntry, Manifest
+from rlckpt.store import COMMIT_FORMAT, BundleStore, Digest, FileEntry, Manifest
 from rlckpt.store.manifest import canonical_json
 from rlckpt.testing.store_checks import (
     corrupt_file,
@@ -67,13 +67,15 @@ def test_a_new_bundle_is_written_in_format_2_with_a_blake3_digest_of_each_stored
         assert (entry["algorithm"], entry["digest"]) == ("blake3", blake3.blake3(stored).hexdigest()), rel
 
 
-def test_a_new_commit_names_the_blake3_digest_of_the_manifest_and_the_writer(store):
+def test_a_new_commit_names_the_blake3_digest_of_the_manifest_the_writer_and_the_run(store):
     marker = raw_json(store, 2, "COMMIT")
     manifest_bytes = store.fs.cat_file(raw_path(store, "step_2", "manifest.json"))
     assert marker == {
-        "format": 2,
+        "format": 3,
         "manifest_algorithm": "blake3",
         "manifest_digest": blake3.blake3(manifest_bytes).hexdigest(),
+        "run": store.run_record().run_id,
+        "signature": None,  # the store has no signing key
         "step": 2,
         "txid": marker["txid"],
         "writer_version": rlckpt.__version__,
@@ -203,15 +205,15 @@ def test_a_commit_of_a_newer_format_is_refused_in_one_line_naming_the_format_and
 def test_a_bundle_of_a_newer_format_counts_as_the_newest_and_is_listed_as_newer(store):
     marker = raw_json(store, 2, "COMMIT")
     del marker["writer_version"]  # a future format need not keep it: the refusal still names the format
-    put_record(store, 2, "COMMIT", {**marker, "format": 3})
+    put_record(store, 2, "COMMIT", {**marker, "format": COMMIT_FORMAT + 1})
     assert store.latest() == 2  # nothing older is taken for the newest
     entries = {e.step: e for e in store.entries()}
     assert (entries[1].state, entries[2].state) == ("committed", "newer")
-    assert "COMMIT format 3 was written by a newer rlckpt;" in entries[2].detail
+    assert f"COMMIT format {COMMIT_FORMAT + 1} was written by a newer rlckpt;" in entries[2].detail
 
 
 def test_a_replace_corrupt_save_refuses_a_newer_bundle_rather_than_quarantining_it(store):
-    put_record(store, 2, "COMMIT", {**raw_json(store, 2, "COMMIT"), "format": 3})
+    put_record(store, 2, "COMMIT", {**raw_json(store, 2, "COMMIT"), "format": COMMIT_FORMAT + 1})
     with pytest.raises(NewerFormatError):
         store.begin(2, replace_corrupt=True)
     assert not store.fs.exists(raw_path(store, "_quarantine"))

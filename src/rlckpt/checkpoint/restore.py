@@ -1,7 +1,8 @@
 """The restore procedure (driver side, once, before the controller actor exists): restore steps
 1–3 of docs/architecture.md.
 
-1. pick the newest committed bundle that verifies; the store checks marker → manifest digest → listing.
+1. pick the newest committed bundle that verifies; the store checks marker → manifest digest → (with a
+   verify key) signature → listing.
    A newer bundle that fails any check of steps 1–2 is skipped, loudly (logged, and listed in
    ``RestoredRun.skipped``); ``resume_step`` pins one step instead and fails if it does not verify
 2. fetch every piece, verifying every digest (``policy/`` checked in place: the trainer ranks
@@ -49,7 +50,7 @@ from rlckpt.errors import (
 from rlckpt.formats import Record, read_format
 from rlckpt.replay import groups_digest
 from rlckpt.replay.index_formats import check_index, upgrade_index
-from rlckpt.store import Bundle, BundleStore, Manifest, StoreEntry
+from rlckpt.store import Bundle, BundleStore, Manifest, StoreEntry, VerifyKey
 
 logger = logging.getLogger(__name__)
 
@@ -57,14 +58,16 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class PolicyLocation:
     """Where a committed bundle's policy checkpoint is: plain data, sent to every trainer rank, which
-    opens the bundle itself (commit check, digests) and loads its shards. No policy byte passes
-    through the driver on its way to the ranks."""
+    opens the bundle itself (commit check, signature with the run's verify key, digests) and loads its
+    shards. No policy byte passes through the driver on its way to the ranks, and no signing key: a
+    verify key is a public key."""
 
     url: str
     storage_options: dict[str, Any]
     step: int
     prefix: str = layout.POLICY_DIR  # the DCP checkpoint's directory, or the file of a whole policy
     form: PolicyForm = POLICY_DCP  # "whole": one file of the trainer's unsharded state (run formats 1-2)
+    verify_key: VerifyKey | None = None  # the driver's store's: the ranks refuse what it would refuse
 
 
 class TrainerStateSink(Protocol):
@@ -167,7 +170,9 @@ async def restore_run(
         step, pieces, run = checked.bundle.step, checked.pieces, checked.run
         phase.begin_restore(step)
         try:
-            location = PolicyLocation(store.url, dict(store.storage_options), step, run.policy_path, run.policy_form)
+            location = PolicyLocation(
+                store.url, dict(store.storage_options), step, run.policy_path, run.policy_form, store.verify_key
+            )
             await trainer.load_policy(location)  # 3
             loader_state = checked.loader_state
             metadata = await restore_snapshot(bootstrap, pieces.snapshot_dir)  # 3: TQ restored

@@ -1,17 +1,18 @@
-"""Pieces every subcommand shares: store arguments, --storage-options parsing, logging, sizes, exit codes,
-and `printable`, which every human-readable line goes through."""
+"""Pieces every subcommand shares: store arguments, --storage-options parsing, key files, logging, sizes,
+exit codes, and `printable`, which every human-readable line goes through."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
-    from rlckpt.store import BundleStore
+    from rlckpt.store import BundleStore, SigningKey, VerifyKey
 
 EXIT_OK = 0
 EXIT_CORRUPT = 1
@@ -20,6 +21,10 @@ EXIT_ERROR = 3
 EXIT_USAGE = 64  # sysexits EX_USAGE: argparse's usual 2 would collide with verify's "uncommitted"
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143  # 128 + SIGTERM: `rlckpt train` stopped by SIGTERM without its final save
+
+# Where a key flag left unset is taken from (an empty value counts as unset).
+VERIFY_KEY_ENV = "RLCKPT_VERIFY_KEY"
+SIGNING_KEY_ENV = "RLCKPT_SIGNING_KEY"
 
 # How deep a JSON argument may nest. fsspec's options go three levels deep (config_kwargs.retries.mode);
 # a limit of our own refuses a 1 000-deep one with a reason, not with Python's RecursionError.
@@ -101,7 +106,7 @@ def storage_options_arg(text: str) -> dict[str, Any]:
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    """URL, --storage-options and -v/--verbose: the options every store subcommand takes."""
+    """URL, --storage-options, --verify-key and -v/--verbose: the options every store subcommand takes."""
     parser.add_argument(
         "url", metavar="URL", help="the store: a local path or an fsspec URL (s3://bucket/prefix, file://, memory://)"
     )
@@ -112,7 +117,36 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help='fsspec options for the filesystem as a JSON object, e.g. \'{"endpoint_url": "http://127.0.0.1:7480"}\'',
     )
+    add_verify_key_argument(parser)
     add_verbose_argument(parser)
+
+
+def add_verify_key_argument(parser: argparse.ArgumentParser) -> None:
+    """--verify-key PATH (default: $RLCKPT_VERIFY_KEY): only bundles that key signed for the run are read."""
+    parser.add_argument(
+        "--verify-key",
+        metavar="PATH",
+        default=None,
+        help=f"public key (signing.pub): accept only bundles it signed for this run; unsigned and badly signed "
+        f"ones do not verify (default: ${VERIFY_KEY_ENV})",
+    )
+
+
+def verify_key(args: argparse.Namespace) -> VerifyKey | None:
+    """The verify key named by --verify-key or $RLCKPT_VERIFY_KEY, loaded (KeyFileError: exit 64), or None."""
+    from rlckpt.store import VerifyKey
+
+    # getattr: a command built without add_common_arguments (or a hand-made Namespace) has no flag of its own
+    path = getattr(args, "verify_key", None) or os.environ.get(VERIFY_KEY_ENV)
+    return VerifyKey.load(path) if path else None
+
+
+def signing_key(args: argparse.Namespace) -> SigningKey | None:
+    """The signing key named by --signing-key or $RLCKPT_SIGNING_KEY, loaded (KeyFileError: exit 64), or None."""
+    from rlckpt.store import SigningKey
+
+    path = args.signing_key or os.environ.get(SIGNING_KEY_ENV)
+    return SigningKey.load(path) if path else None
 
 
 def add_verbose_argument(parser: argparse.ArgumentParser) -> None:
@@ -137,8 +171,9 @@ def open_store(args: argparse.Namespace) -> BundleStore:
     one command away."""
     from rlckpt.store import BundleStore, open_location
 
+    key = verify_key(args)  # a key file that cannot be used is refused before the store is reached
     fs, _root = open_location(args.url, args.storage_options, fail_fast=True)
-    return BundleStore(args.url, storage_options=args.storage_options, fs=fs)
+    return BundleStore(args.url, storage_options=args.storage_options, fs=fs, verify_key=key)
 
 
 def format_size(nbytes: int | None) -> str:

@@ -16,7 +16,9 @@ examples:
   rlckpt ls /data/run1 --json | jq '.[] | select(.state == "committed") | .step'
 
 Only bundles in state "committed" are ever resumed; the others are what a crashed or running
-writer left and `rlckpt gc` cleans up.
+writer left and `rlckpt gc` cleans up. SIGNATURE is signed, unsigned or bad: with --verify-key
+(or RLCKPT_VERIFY_KEY) "signed" means signed by that key for this run, and an unsigned or badly
+signed bundle is "corrupt"; without one, "signed (unchecked)" only says COMMIT carries a signature.
 """
 
 
@@ -25,10 +27,11 @@ def add_parser(subparsers: Any) -> None:
         "ls",
         help="list the bundles of a store and their state",
         description=(
-            "List every step found in a store, committed or not: step, state, size, files,\n"
-            "creation time. States: committed, corrupt, newer, uncommitted, writing, stale.\n"
+            "List every step found in a store, committed or not: step, state, signature, size,\n"
+            "files, creation time. States: committed, corrupt, newer, uncommitted, writing, stale.\n"
             "--json also shows what wrote each committed bundle: manifest_format, digest,\n"
-            "run_format, writer_version."
+            "run_format, writer_version, and its signer: signed_by (a key id), run (the run id),\n"
+            "signature_checked."
         ),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -38,10 +41,10 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def entry_record(entry: Any) -> dict[str, Any]:
+def entry_record(entry: Any, signature_checked: bool = False) -> dict[str, Any]:
     """A store entry as a plain dict (the --json form): what wrote a committed bundle shows as its manifest
     format, digest algorithm, run-bundle format (the raw value of its manifest metadata, as written) and
-    writer version."""
+    writer version; `signature_checked` says whether its signature was checked (a verify key was given)."""
     record = (
         dataclasses.asdict(entry)
         if dataclasses.is_dataclass(entry) and not isinstance(entry, type)
@@ -49,7 +52,13 @@ def entry_record(entry: Any) -> dict[str, Any]:
     )
     metadata = record.pop("metadata", None) or {}
     record["run_format"] = metadata.get(META_FORMAT)
+    record["signature_checked"] = signature_checked
     return record
+
+
+def _signature(record: dict[str, Any]) -> str:
+    shown = record.get("signature") or "-"
+    return f"{shown} (unchecked)" if shown == "signed" and not record.get("signature_checked") else shown
 
 
 def render(records: list[dict[str, Any]]) -> str:
@@ -59,6 +68,7 @@ def render(records: list[dict[str, Any]]) -> str:
         [
             str(r.get("step")),
             str(r.get("state")),
+            _signature(r),
             _common.format_size(r.get("size")),
             "-" if r.get("files") is None else str(r.get("files")),
             _common.format_time(r.get("created")),
@@ -66,13 +76,14 @@ def render(records: list[dict[str, Any]]) -> str:
         ]
         for r in records
     ]
-    headers = ["STEP", "STATE", "SIZE", "FILES", "CREATED (UTC)", "DETAIL"]
-    return _common.render_table(headers, rows, right_align={0, 2, 3})
+    headers = ["STEP", "STATE", "SIGNATURE", "SIZE", "FILES", "CREATED (UTC)", "DETAIL"]
+    return _common.render_table(headers, rows, right_align={0, 3, 4})
 
 
 def run(args: argparse.Namespace) -> int:
     store = _common.open_store(args)
-    records = [entry_record(e) for e in store.entries(metadata_keys=(META_FORMAT,))]
+    checked = store.verify_key is not None
+    records = [entry_record(e, checked) for e in store.entries(metadata_keys=(META_FORMAT,))]
     if args.json:
         _common.print_json(records)
     elif records:

@@ -18,6 +18,7 @@ from rlckpt.cli import _common
 from rlckpt.errors import (
     ClusterConfigError,
     CorruptBundleError,
+    KeyFileError,
     RlckptError,
     StoreConfigError,
     UncommittedBundleError,
@@ -29,6 +30,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "rlckpt.cli.verify",
     "rlckpt.cli.gc",
     "rlckpt.cli.train",
+    "rlckpt.cli.keygen",
     "rlckpt.cli.bench",
 )
 
@@ -38,13 +40,15 @@ examples:
   rlckpt ls s3://bucket/run1 --json
   rlckpt verify s3://bucket/run1 --step 200
   rlckpt gc /data/run1 --keep-last 3 --dry-run
+  rlckpt keygen --out ~/.rlckpt/run1 && rlckpt ls /data/run1 --verify-key ~/.rlckpt/run1/signing.pub
 
 exit codes: 0 ok, 1 corrupt bundle, 2 uncommitted or missing bundle, 3 other error (store
 unreachable or forbidden, bucket missing, no Ray cluster at --ray-address), 64 bad command line or
 store configuration (empty or malformed URL, unknown protocol, endpoint not an http(s) URL, unknown
-storage option) or a Ray cluster that cannot hold the run (too many --trainer-ranks, a
+storage option), a key file that cannot be used (missing, a private key others may read, not an
+Ed25519 key) or a Ray cluster that cannot hold the run (too many --trainer-ranks, a
 --trainer-resources resource no node offers), 130 interrupted, 143 `rlckpt train` stopped by SIGTERM
-without its final save.
+without its final save. With --verify-key an unsigned or badly signed bundle counts as corrupt.
 Run `rlckpt COMMAND --help` for the options of one command.
 """
 
@@ -83,7 +87,7 @@ def exit_code_for(exc: BaseException) -> int:
         return _common.EXIT_CORRUPT
     if isinstance(exc, UncommittedBundleError):
         return _common.EXIT_MISSING
-    if isinstance(exc, (StoreConfigError, ClusterConfigError)):  # the command line must change: a usage error
+    if isinstance(exc, (StoreConfigError, ClusterConfigError, KeyFileError)):  # the command line must change
         return _common.EXIT_USAGE
     return _common.EXIT_ERROR
 

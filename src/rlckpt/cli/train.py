@@ -33,6 +33,10 @@ examples:
       --trainer-resources '{"trainer_slot": 1}'   # on a cluster: one rank per node with that resource
 
 --steps is the total to reach, across resumes: a run at step 4 with --steps 8 trains 4 more.
+--signing-key signs every bundle's COMMIT (only the controller holds the key; trainer ranks never
+see it) and makes a resume read only bundles that key signed for this run; --verify-key (alone, or
+to verify with another key) does the latter. Unsigned or badly signed bundles are skipped like
+corrupt ones (stderr, skipped_bundles in --json). Keys come from `rlckpt keygen`.
 A resume may use another --trainer-ranks than the save (the policy is resharded on load; at the
 same rank count the continuation is bit-identical).
 Without --fresh the newest committed bundle that verifies is resumed (bundles without COMMIT are
@@ -175,6 +179,14 @@ def add_parser(subparsers: Any) -> None:
         f"(default {DEFAULT_RAY_CONNECT_TIMEOUT_S:g})",
     )
     parser.add_argument(
+        "--signing-key",
+        metavar="PATH",
+        default=None,
+        help=f"private key (signing.key, mode 0600) to sign every bundle with; also the resume's verify key "
+        f"unless --verify-key is given (default: ${_common.SIGNING_KEY_ENV})",
+    )
+    _common.add_verify_key_argument(parser)
+    parser.add_argument(
         "--compress",
         choices=("auto", "zstd", "none"),
         default="auto",
@@ -278,6 +290,14 @@ def run(
     from rlckpt.controller.setup import check_start, setup_single_controller
     from rlckpt.dataplane.ray_cluster import stop_local_ray
 
+    signing_key = _common.signing_key(args)  # a key file that cannot be used: one line, exit 64, before anything
+    verify_key = _common.verify_key(args) or (signing_key.public if signing_key else None)
+    if verify_key is not None and signing_key is None:  # allowed (the key may be lost), but a trap: say so
+        print(
+            "rlckpt train: WARNING: a verify key and no signing key: the bundles this run saves are unsigned, "
+            "and a resume with that verify key will not read them",
+            file=sys.stderr,
+        )
     config = TrainConfig(
         run_dir=args.run_dir,
         steps=args.steps,
@@ -297,6 +317,8 @@ def run(
         trainer_resources=args.trainer_resources,
         save_by=args.save_by,
         grace_s=args.grace_seconds,
+        signing_key=signing_key,
+        verify_key=verify_key,
     )
     store = check_start(config)  # a wrong --resume-step or --fresh fails here, before Ray and TQ take ≈20 s to start
     ray_dir = _start_ray(args)
@@ -347,6 +369,8 @@ def run(
         summary = controller.run(on_event, stop_request=sigterm.pending)
         bar.close()
         bundles = controller.store.steps()
+        record = controller.store.run_record()
+        run_id = record.run_id if record else None
     except FinalSaveAbortedError as exc:
         unsaved = exc
     except KeyboardInterrupt as exc:
@@ -368,6 +392,8 @@ def run(
         "rollout_order": config.rollout_order,
         "skipped_bundles": [asdict(bundle) for bundle in skipped],
         "final_save_aborted": False,
+        "run_id": run_id,
+        "signing_key_id": signing_key.key_id if signing_key else None,  # its id: never the key itself
     }
     if args.json:
         print(json.dumps(result, sort_keys=True))

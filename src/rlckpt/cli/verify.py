@@ -10,7 +10,13 @@ from typing import Any
 
 from rlckpt.checkpoint.layout import META_FORMAT
 from rlckpt.cli import _common
-from rlckpt.errors import CorruptBundleError, NewerFormatError, UncommittedBundleError
+from rlckpt.errors import (
+    BadSignatureError,
+    CorruptBundleError,
+    NewerFormatError,
+    UncommittedBundleError,
+    UnsignedBundleError,
+)
 
 # Bundles at least this large get a progress bar (on stderr, only when stderr is a terminal
 # unless --progress forces it).
@@ -21,19 +27,26 @@ examples:
   rlckpt verify /data/run1                 # the newest committed bundle
   rlckpt verify s3://bucket/run1 --step 200
   rlckpt verify /data/run1 --all --json
+  rlckpt verify /data/run1 --verify-key keys/signing.pub   # also: signed by that key, for this run
+
+With --verify-key (or RLCKPT_VERIFY_KEY) a bundle must also be signed by that key for this run:
+one that is not is "unsigned" or has a "bad signature" (another key, another run, altered).
 
 exit codes: 0 every checked bundle is valid, 1 a bundle is corrupt (the message names the file
-and what differs), 2 the step is uncommitted or missing (or the store has no committed bundle),
-3 the store could not be read, or a bundle is of a format only a newer rlckpt reads, 64 bad command
-line or store configuration (URL, --storage-options).
+and what differs), unsigned or badly signed, 2 the step is uncommitted or missing (or the store
+has no committed bundle), 3 the store could not be read, or a bundle is of a format only a newer
+rlckpt reads, 64 bad command line, store configuration (URL, --storage-options) or a key file that
+cannot be used.
 """
 
 
 @dataclass(frozen=True)
 class VerifyResult:
-    """The verdict on one step: status is valid, corrupt, newer (written by a newer rlckpt: not read),
-    uncommitted or missing. A bundle that opened also says what wrote it: manifest format, digest
-    algorithm, run-bundle format (the raw value of its manifest metadata) and writer version."""
+    """The verdict on one step: status is valid, corrupt, unsigned, bad_signature (those two only with a
+    verify key), newer (written by a newer rlckpt: not read), uncommitted or missing. A bundle that opened
+    also says what wrote it: manifest format, digest algorithm, run-bundle format (the raw value of its
+    manifest metadata) and writer version; and who signed it: the key id (`signed_by`, None: unsigned),
+    the run id its COMMIT names, and whether the signature was checked against a verify key."""
 
     step: int
     status: str
@@ -44,6 +57,9 @@ class VerifyResult:
     digest: str | None = None
     run_format: Any = None
     writer_version: str | None = None
+    signed_by: str | None = None
+    run: str | None = None
+    signature_checked: bool = False
 
 
 def add_parser(subparsers: Any) -> None:
@@ -54,7 +70,9 @@ def add_parser(subparsers: Any) -> None:
             "Verify a committed bundle: COMMIT marker, manifest digest, then the size and digest\n"
             "of every file (BLAKE3, or sha256 in bundles of manifest format 1). Without --step:\n"
             "the newest committed bundle (the one a resume loads). Each verdict says what wrote\n"
-            "the bundle: manifest format, digest algorithm, run-bundle format, writer version."
+            "the bundle: manifest format, digest algorithm, run-bundle format, writer version, and\n"
+            "who signed it. With --verify-key the signature is checked first (signed by that key,\n"
+            "for this run, over this step and manifest)."
         ),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -73,10 +91,10 @@ def add_parser(subparsers: Any) -> None:
 
 
 def exit_code(results: list[VerifyResult]) -> int:
-    """1 if anything is corrupt, else 3 if anything is of a newer format, else 2 if anything is
-    uncommitted/missing, else 0."""
+    """1 if anything is corrupt (unsigned or badly signed too), else 3 if anything is of a newer format,
+    else 2 if anything is uncommitted/missing, else 0."""
     statuses = {r.status for r in results}
-    if "corrupt" in statuses:
+    if statuses & {"corrupt", "unsigned", "bad_signature"}:
         return _common.EXIT_CORRUPT
     if "newer" in statuses:
         return _common.EXIT_ERROR
@@ -120,6 +138,10 @@ def verify_step(store: Any, step: int, progress: bool | None) -> VerifyResult:
         # permission error there must be "unavailable" (exit 3), never a traceback with exit 1.
         with unavailable_as_store_error(store.url, f"verifying step {step}"):
             _verify_bundle(bundle, step, progress)
+    except UnsignedBundleError as exc:
+        return VerifyResult(step, "unsigned", error=str(exc), signature_checked=True)
+    except BadSignatureError as exc:
+        return VerifyResult(step, "bad_signature", error=str(exc), signature_checked=True)
     except CorruptBundleError as exc:
         return VerifyResult(step, "corrupt", error=str(exc), **_written_by(bundle))
     except NewerFormatError as exc:
@@ -127,27 +149,40 @@ def verify_step(store: Any, step: int, progress: bool | None) -> VerifyResult:
     except UncommittedBundleError as exc:
         return VerifyResult(step, _missing_or_uncommitted(store, step), error=str(exc))
     manifest = bundle.manifest
-    return VerifyResult(step, "valid", files=len(manifest.files), size=manifest.total_size, **_written_by(bundle))
+    return VerifyResult(
+        step,
+        "valid",
+        files=len(manifest.files),
+        size=manifest.total_size,
+        signature_checked=store.verify_key is not None,
+        **_written_by(bundle),
+    )
 
 
 def _written_by(bundle: Any) -> dict[str, Any]:
-    """What wrote a bundle that opened (nothing when it did not)."""
+    """What wrote a bundle that opened, and who signed it (nothing when it did not open)."""
     if bundle is None:
         return {}
-    manifest = bundle.manifest
+    manifest, commit = bundle.manifest, bundle.commit
+    signature = None if commit is None else commit.signature
     return {
         "manifest_format": manifest.format,
         "digest": "+".join(manifest.digest_algorithms) or None,
         "run_format": manifest.metadata.get(META_FORMAT),
         "writer_version": manifest.writer_version,
+        "signed_by": None if signature is None else signature.key_id,
+        "run": None if commit is None else commit.run,
     }
 
 
 def _steps_to_check(store: Any, args: argparse.Namespace) -> list[int]:
     if args.step is not None:
         return [args.step]
-    if args.all:  # also the ones whose COMMIT fails its checks: steps() hides those
+    if args.all:  # also the ones whose COMMIT fails its checks (or is not signed by the key): steps() hides those
         return [e.step for e in store.entries() if e.state in ("committed", "corrupt", "newer")]
+    if store.verify_key is not None:  # the newest bundle a resume would look at, its signature refused or not
+        signed = [e.step for e in store.entries() if e.state == "committed" or e.signature in ("unsigned", "bad")]
+        return signed[-1:]
     latest = store.latest()
     return [] if latest is None else [latest]
 
@@ -158,13 +193,21 @@ def _describe(result: VerifyResult) -> str:
             f"step {result.step}: valid ({result.files} files, {_common.format_size(result.size)}; "
             f"{_common.printable(_provenance(result))})"
         )
-    return f"{result.status.upper()}: {_common.printable(result.error)}"  # names step, URL and file
+    label = result.status.upper().replace("_", " ")
+    return f"{label}: {_common.printable(result.error)}"  # names step, URL and file
 
 
 def _provenance(result: VerifyResult) -> str:
     run = "none" if result.run_format is None else json.dumps(result.run_format)
     writer = f"written by rlckpt {result.writer_version}" if result.writer_version else "writer not recorded"
-    return f"manifest format {result.manifest_format}, {result.digest or 'no files'}, run-bundle format {run}, {writer}"
+    if result.signed_by is None:
+        signed = "unsigned"
+    else:
+        signed = f"signed by key {result.signed_by}" + ("" if result.signature_checked else " (not checked)")
+    return (
+        f"manifest format {result.manifest_format}, {result.digest or 'no files'}, run-bundle format {run}, "
+        f"{writer}, {signed}"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

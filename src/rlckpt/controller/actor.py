@@ -17,7 +17,6 @@ from rlckpt.controller.assemble import assemble_controller
 from rlckpt.controller.connect import DataPlaneSpec
 from rlckpt.controller.loop import ControllerLoop
 from rlckpt.controller.stopping import StopRequest
-from rlckpt.store import BundleStore
 
 
 class SingleControllerActor:
@@ -42,7 +41,7 @@ class SingleControllerActor:
         try:
             loop = await assemble_controller(
                 self.args,
-                store=BundleStore(config.run_dir, config.storage_options),
+                store=config.store(),
                 data_plane=data_plane,
                 on_event=self._events.append,
             )

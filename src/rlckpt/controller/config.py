@@ -9,6 +9,7 @@ from rlckpt.checkpoint.save import UploadTiming
 from rlckpt.controller.capacity import check_rank_resources
 from rlckpt.dataplane.tq_client import DEFAULT_TQ_CONFIG
 from rlckpt.grpo import GRPOConfig
+from rlckpt.store import BundleStore, SigningKey, VerifyKey
 
 # How rollouts feed the trainer (`rlckpt train --mode`): in_order trains step k on the groups generated
 # with weights k (deterministic); async lets generation run ahead with bounded staleness.
@@ -50,6 +51,11 @@ class TrainConfig:
     unmeasured_save_s: float = 10.0
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     tq_config: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_TQ_CONFIG))
+    # Signed bundles (docs/security.md): the controller signs every COMMIT with `signing_key` (the key
+    # itself travels to the controller actor, never a path, and never to a trainer rank); a resume reads
+    # only bundles `verify_key` signed for this run, and so does retention.
+    signing_key: SigningKey | None = None
+    verify_key: VerifyKey | None = None
 
     def __post_init__(self) -> None:
         if self.rollout_order not in ("in_order", "async"):
@@ -76,6 +82,10 @@ class TrainConfig:
             raise ValueError(f"save_failure must be 'stop' or 'continue', got {self.save_failure!r}")
         if self.trainer_resources is not None:  # what Ray would refuse only once the ranks start
             self.trainer_resources = check_rank_resources(self.trainer_resources)
+
+    def store(self) -> BundleStore:
+        """The run's store, with the run's keys: the one way the driver and the controller open it."""
+        return BundleStore(self.run_dir, self.storage_options, signing_key=self.signing_key, verify_key=self.verify_key)
 
     @property
     def max_ahead(self) -> int:

@@ -113,7 +113,7 @@ def check_start(config: TrainConfig) -> BundleStore:
 
 def _refuse_fresh_over_bundles(config: TrainConfig) -> BundleStore:
     """The run's store; CheckpointError if ``--fresh`` would start over committed bundles."""
-    store = BundleStore(config.run_dir, config.storage_options)
+    store = config.store()
     if config.fresh and store.steps():
         raise CheckpointError(
             f"--fresh but {store.url} already holds committed bundles (steps {store.steps()}); "

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, Stora
 from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
 
 from rlckpt.errors import CorruptBundleError, RlckptError, ShardedCheckpointError, UncommittedBundleError
-from rlckpt.store import READ_BUFFERS, Bundle, BundleStore, join_relpath, validate_relpath
+from rlckpt.store import READ_BUFFERS, Bundle, BundleStore, VerifyKey, join_relpath, validate_relpath
 
 from ._format import DEFAULT_PREFIX, METADATA_NAME
 from ._plan import BundleRef
@@ -228,7 +228,8 @@ class BundleStorageReader(FileSystemReader):
     """A DCP StorageReader of the checkpoint under `prefix` in one committed bundle; any world size.
 
     `BundleStorageReader("s3://bucket/run", step=None, storage_options={...}, prefix="policy")` reads the
-    newest committed step; `source` may also be a BundleStore or an opened Bundle.
+    newest committed step; `source` may also be a BundleStore or an opened Bundle. With `verify_key`, only a
+    bundle that key signed for the run is read (step=None: the newest such bundle).
     """
 
     def __init__(
@@ -240,6 +241,7 @@ class BundleStorageReader(FileSystemReader):
         prefix: str = DEFAULT_PREFIX,
         fetch_workers: int = 2,
         spool_dir: str | os.PathLike[str] | None = None,
+        verify_key: VerifyKey | str | os.PathLike[str] | None = None,
     ) -> None:
         """Open the bundle and read its `.metadata` (digest-checked) now, once for this reader.
 
@@ -252,8 +254,14 @@ class BundleStorageReader(FileSystemReader):
             fetch_workers: shard files each rank fetches (and digest-checks) at once, ahead of loading.
             spool_dir: where a load keeps checked copies of shard files above 64 MiB (smaller ones are
                 held in memory), a few at a time (default: the system temp dir).
+            verify_key: a VerifyKey (or its file) for a URL source: the bundle must be one it signed for
+                the run. A BundleStore or Bundle source was opened with its own key (or none): passing one
+                here as well is refused rather than ignored.
         Raises:
             UncommittedBundleError: the step is not committed, or (step=None) no step is.
+            UnsignedBundleError, BadSignatureError: with `verify_key`, the step is not a bundle it signed
+                for this run (CorruptBundleErrors).
+            KeyFileError: `verify_key` names a file that holds no usable public key.
             CorruptBundleError: the bundle or its `.metadata` fails its digest check (names the file).
             UnsafeContentError: `.metadata` names a global outside DCP's metadata classes (a
                 CorruptBundleError; names the file and the global).
@@ -265,12 +273,21 @@ class BundleStorageReader(FileSystemReader):
         self.spool_dir = None if spool_dir is None else os.fspath(spool_dir)
         self._metadata_relpath = join_relpath(self.prefix, METADATA_NAME)
         self._store: BundleStore | None = None
+        if verify_key is not None and isinstance(source, (Bundle, BundleStore)):
+            raise ShardedCheckpointError(
+                f"verify_key goes with a run URL; the {type(source).__name__} given was opened with its own "
+                "(pass verify_key to the BundleStore)"
+            )
         if isinstance(source, Bundle):
             if step is not None and step != source.step:
                 raise ShardedCheckpointError(f"step={step} contradicts the bundle given, which is step {source.step}")
             bundle = source
         else:
-            self._store = source if isinstance(source, BundleStore) else BundleStore(source, storage_options)
+            self._store = (
+                source
+                if isinstance(source, BundleStore)
+                else BundleStore(source, storage_options, verify_key=verify_key)
+            )
             bundle = self._open(step)
         super().__init__(self.prefix)
         self._use(bundle)

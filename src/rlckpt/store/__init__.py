@@ -2,7 +2,9 @@
 
 A bundle `step_<N>/` is visible only when its COMMIT names the digest of its manifest.json, which
 lists every file's size and digest (BLAKE3 in bundles written now, sha256 in those of manifest format
-1). See docs/store-protocol.md. What callers may import is below; the submodules are the store's own.
+1). See docs/store-protocol.md. With a signing key, COMMIT also carries an Ed25519 signature of the run,
+the step and the manifest's digest, and a store with the verify key reads only bundles it signed for the
+run (docs/security.md). What callers may import is below; the submodules are the store's own.
 """
 
 from .backends.object_store import WRITE_BLOCK_SIZE
@@ -12,9 +14,11 @@ from .digest import Digest
 from .gc import GcReport
 from .intent import Intent
 from .location import open_location
-from .manifest import COMMIT_FORMAT, MANIFEST_FORMAT, CommitMarker, FileEntry, Manifest
+from .manifest import COMMIT_FORMAT, MANIFEST_FORMAT, CommitMarker, CommitSignature, FileEntry, Manifest
 from .participant import ParticipantWriter, Receipt, TransactionHandle, validate_participant
 from .paths import join_relpath, step_dirname, validate_relpath, validate_step
+from .run_record import RunRecord
+from .signing import KeyPairFiles, SigningKey, VerifyKey, write_key_pair
 from .storage_errors import as_store_error, unavailable_as_store_error
 from .store import BundleStore, StoreEntry
 from .transaction import BundleTransaction
@@ -29,15 +33,20 @@ __all__ = [
     "BundleStore",
     "BundleTransaction",
     "CommitMarker",
+    "CommitSignature",
     "Digest",
     "FileEntry",
     "GcReport",
     "Intent",
+    "KeyPairFiles",
     "Manifest",
     "ParticipantWriter",
     "Receipt",
+    "RunRecord",
+    "SigningKey",
     "StoreEntry",
     "TransactionHandle",
+    "VerifyKey",
     "as_store_error",
     "join_relpath",
     "open_location",
@@ -46,4 +55,5 @@ __all__ = [
     "validate_participant",
     "validate_relpath",
     "validate_step",
+    "write_key_pair",
 ]

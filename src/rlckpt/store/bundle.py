@@ -22,7 +22,7 @@ from .buffers import READ_BUFFERS
 from .commit_check import check_listing
 from .compression import ZSTD, DecompressionError, ExactDecompressor, decompress_exact
 from .digest import Digest, new_hasher
-from .manifest import FileEntry, Manifest
+from .manifest import CommitMarker, FileEntry, Manifest
 from .paths import step_dirname, validate_relpath
 from .storage_errors import unavailable_as_store_error
 
@@ -39,12 +39,16 @@ def _spool(size: int) -> BinaryIO:
 
 
 class Bundle:
-    """One committed step, opened by BundleStore.open (which ran the commit check)."""
+    """One committed step, opened by BundleStore.open (which ran the commit check). `commit` is the COMMIT
+    that named its manifest (its run and signature), when the opener had it."""
 
-    def __init__(self, backend: Backend, url: str, manifest: Manifest, max_workers: int) -> None:
+    def __init__(
+        self, backend: Backend, url: str, manifest: Manifest, max_workers: int, commit: CommitMarker | None = None
+    ) -> None:
         self.backend = backend
         self.url = url
         self.manifest = manifest
+        self.commit = commit
         self.step = manifest.step
         self.max_workers = max_workers
         self._step_dir = step_dirname(manifest.step)

@@ -1,30 +1,66 @@
 """Visibility: the one check that decides whether a step is a committed bundle (docs/store-protocol.md,
 "Reading"). COMMIT parses and names this step; manifest.json has the digest COMMIT names (under the
-algorithm it names), parses, and
-agrees with COMMIT; and, when a listing is given, the step holds exactly the manifest's files, all
-regular, with their stored sizes. Used by open(), steps(), entries() and gc alike, and by the commit on
-the bytes and files it is about to publish: a commit that returns is a bundle that opens."""
+algorithm it names); with a verify key (`Trust`), COMMIT's signature is the key's, over this run, this
+step and that digest; the manifest parses and agrees with COMMIT; and, when a listing is given, the step
+holds exactly the manifest's files, all regular, with their stored sizes. Used by open(), steps(),
+entries() and gc alike, and by the commit on the bytes and files it is about to publish: a commit that
+returns is a bundle that opens."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from rlckpt.errors import (
+    BadSignatureError,
     CorruptBundleError,
     InvalidPathError,
     NewerFormatError,
     UncommittedBundleError,
     UnsafeObjectError,
+    UnsignedBundleError,
 )
 
 from .backends import Backend, CommitView, Listing
 from .digest import Digest
 from .manifest import COMMIT_MAX_BYTES, MANIFEST_MAX_BYTES, CommitMarker, FileEntry, Manifest
 from .paths import COMMIT_NAME, MANIFEST_NAME, step_dirname
+from .run_record import RUN_RECORD_NAME
+from .signing import VerifyKey, bundle_message
 
 
-def load_checked_manifest(backend: Backend, url: str, step: int, with_listing: bool = True) -> Manifest:
-    """The manifest of a committed step, after every check; UncommittedBundleError or CorruptBundleError.
+@dataclass(frozen=True)
+class Trust:
+    """What a reader with a verify key accepts: bundles signed by `key` for the run whose record names
+    `run_id`. `run_id` is None when the run has no readable record (`run_problem` says why): then no
+    signed bundle can be shown to be this run's, and none is accepted."""
+
+    key: VerifyKey
+    run_id: str | None
+    run_problem: str = ""
+
+
+@dataclass(frozen=True)
+class CheckedCommit:
+    """A step that passed the commit check: its manifest and the COMMIT that names it."""
+
+    manifest: Manifest
+    marker: CommitMarker
+
+
+def load_checked_manifest(
+    backend: Backend, url: str, step: int, with_listing: bool = True, trust: Trust | None = None
+) -> Manifest:
+    """The manifest of a committed step, after every check (see load_checked)."""
+    return load_checked(backend, url, step, with_listing, trust).manifest
+
+
+def load_checked(
+    backend: Backend, url: str, step: int, with_listing: bool = True, trust: Trust | None = None
+) -> CheckedCommit:
+    """A committed step's manifest and COMMIT, after every check (the signature's too, given `trust`);
+    UncommittedBundleError, CorruptBundleError (SignatureError: unsigned or badly signed) or
+    NewerFormatError.
 
     An object store fetches COMMIT, manifest and listing in one round trip; what was fetched beside
     COMMIT may predate a commit finishing meanwhile, so a failed check on it is decided again on a
@@ -32,11 +68,11 @@ def load_checked_manifest(backend: Backend, url: str, step: int, with_listing: b
     where = f"step {step} at {url}"
     view = _fetch(backend, step, where, with_listing, in_order=False)
     try:
-        return check_commit(backend, step, view, where)
+        return check_commit(backend, step, view, where, trust)
     except CorruptBundleError:
         if not view.early:
             raise
-    return check_commit(backend, step, _fetch(backend, step, where, with_listing, in_order=True), where)
+    return check_commit(backend, step, _fetch(backend, step, where, with_listing, in_order=True), where, trust)
 
 
 def _fetch(backend: Backend, step: int, where: str, with_listing: bool, in_order: bool) -> CommitView:
@@ -48,8 +84,10 @@ def _fetch(backend: Backend, step: int, where: str, with_listing: bool, in_order
         raise CorruptBundleError(f"{where}: {exc}") from exc
 
 
-def check_commit(backend: Backend, step: int, view: CommitView, where: str) -> Manifest:
-    """Decide on fetched bytes: the parsed manifest, or the error that names what is wrong."""
+def check_commit(
+    backend: Backend, step: int, view: CommitView, where: str, trust: Trust | None = None
+) -> CheckedCommit:
+    """Decide on fetched bytes: the parsed manifest and COMMIT, or the error that names what is wrong."""
     if view.marker is None:
         step_path = backend.path(step_dirname(step))
         state = "exists without COMMIT (uncommitted)" if backend.exists(step_path) else "does not exist"
@@ -57,18 +95,22 @@ def check_commit(backend: Backend, step: int, view: CommitView, where: str) -> M
     if view.manifest is None:
         _marker(step, view.marker, where)  # a malformed COMMIT is named first
         raise CorruptBundleError(f"{where}: {MANIFEST_NAME} is missing but {COMMIT_NAME} exists")
-    manifest = check_records(step, view.marker, view.manifest, where)
+    checked = check_records(step, view.marker, view.manifest, where, trust)
     if view.listing is not None:
-        check_listing(manifest, backend.bundle_view(view.listing, manifest.txid), where)
-    return manifest
+        check_listing(checked.manifest, backend.bundle_view(view.listing, checked.manifest.txid), where)
+    return checked
 
 
-def check_records(step: int, marker_bytes: bytes, manifest_bytes: bytes, where: str) -> Manifest:
+def check_records(
+    step: int, marker_bytes: bytes, manifest_bytes: bytes, where: str, trust: Trust | None = None
+) -> CheckedCommit:
     """Everything a reader decides on the bytes of COMMIT and manifest.json: within their caps, COMMIT
     well-formed and naming this step and the manifest's digest (computed under the algorithm COMMIT
-    names), the manifest well-formed (every entry, every path, no clash) and of COMMIT's step and txid.
-    The commit runs this very check on the bytes it is about to publish. Returns the manifest;
-    CorruptBundleError names what is wrong, NewerFormatError a record this rlckpt cannot read."""
+    names), with `trust` its signature (before the manifest is parsed: nothing of a bundle its key did
+    not sign is read further), the manifest well-formed (every entry, every path, no clash) and of
+    COMMIT's step and txid. The commit runs this very check on the bytes it is about to publish.
+    CorruptBundleError names what is wrong (SignatureError: the signature), NewerFormatError a record
+    this rlckpt cannot read."""
     marker = _marker(step, marker_bytes, where)
     if len(manifest_bytes) > MANIFEST_MAX_BYTES:
         raise CorruptBundleError(
@@ -77,6 +119,8 @@ def check_records(step: int, marker_bytes: bytes, manifest_bytes: bytes, where: 
     actual = Digest.of(manifest_bytes, marker.manifest.algorithm)
     if actual != marker.manifest:
         raise CorruptBundleError(f"{where}: {MANIFEST_NAME} has {actual}, {COMMIT_NAME} names {marker.manifest}")
+    if trust is not None:
+        check_signature(marker, trust, where)
     try:
         manifest = Manifest.from_bytes(manifest_bytes)
     except NewerFormatError as exc:
@@ -88,7 +132,39 @@ def check_records(step: int, marker_bytes: bytes, manifest_bytes: bytes, where: 
             f"{where}: {MANIFEST_NAME} is for step {manifest.step} txid {manifest.txid}, "
             f"{COMMIT_NAME} for step {marker.step} txid {marker.txid}"
         )
-    return manifest
+    return CheckedCommit(manifest, marker)
+
+
+def check_signature(marker: CommitMarker, trust: Trust, where: str) -> None:
+    """COMMIT's signature is `trust.key`'s over this COMMIT's run, step and manifest digest, and that run is
+    this one. UnsignedBundleError or BadSignatureError, in one line saying which and why."""
+    signature = marker.signature
+    if signature is None:
+        why = "it was written without a signing key" if marker.format >= 3 else f"COMMIT format {marker.format}"
+        raise UnsignedBundleError(
+            f"{where}: unsigned ({why}): the verify key {trust.key.key_id} accepts only bundles it signed"
+        )
+    if signature.key_id != trust.key.key_id:
+        raise BadSignatureError(
+            f"{where}: bad signature: signed by another key ({signature.key_id}), not the verify key's "
+            f"({trust.key.key_id})"
+        )
+    assert marker.run is not None  # a signature is in COMMIT format 3 only, which names its run
+    if not trust.key.verifies(bundle_message(marker.run, marker.step, marker.manifest), signature.value):
+        raise BadSignatureError(
+            f"{where}: bad signature: {COMMIT_NAME}'s signature by key {signature.key_id} does not match its "
+            "run, step and manifest digest (altered, or moved from another step)"
+        )
+    if trust.run_id is None:
+        raise BadSignatureError(
+            f"{where}: bad signature: signed for run {marker.run}, and this run's identity is unknown "
+            f"({trust.run_problem})"
+        )
+    if marker.run != trust.run_id:
+        raise BadSignatureError(
+            f"{where}: bad signature: signed for another run ({marker.run}); this run is {trust.run_id} "
+            f"({RUN_RECORD_NAME})"
+        )
 
 
 def _marker(step: int, marker_bytes: bytes, where: str) -> CommitMarker:

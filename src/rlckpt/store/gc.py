@@ -3,7 +3,8 @@ dead transactions left. A dry run is the plan, not applied.
 
 What gc never removes:
 - a bundle that fully verifies unless `keep_last` newer ones fully verify too (retention counts only
-  loadable bundles), nor any bundle that fails its checks (kept and reported as corrupt);
+  loadable bundles), nor any bundle that fails its checks (kept and reported as corrupt) — with a
+  verify key, its signature among them: an unsigned or badly signed bundle is never counted;
 - anything a live transaction owns. The run is listed first, the incomplete uploads second, and the
   intents last, so every file or upload in the plan of a transaction that was running is covered by an
   intent gc has read. Each removal is re-checked when applied, and step data is only removed while gc
@@ -23,7 +24,7 @@ from rlckpt.errors import CorruptBundleError, UncommittedBundleError
 from .backends import Backend
 from .bundle import Bundle
 from .claims import Claims, IntentRead
-from .commit_check import committed_txid, load_checked_manifest
+from .commit_check import Trust, committed_txid, load_checked_manifest
 from .inventory import Inventory
 from .paths import TMP_DIR, TXN_DIR, parse_step_dirname, step_dirname
 
@@ -85,13 +86,17 @@ class GcReport:
 
 
 class GarbageCollector:
-    """Plans and applies gc over one run's backend and claims."""
+    """Plans and applies gc over one run's backend and claims; `trust` (a store's verify key) makes
+    retention count only the bundles that key signed for the run."""
 
-    def __init__(self, backend: Backend, claims: Claims, url: str, max_workers: int) -> None:
+    def __init__(
+        self, backend: Backend, claims: Claims, url: str, max_workers: int, trust: Trust | None = None
+    ) -> None:
         self.backend = backend
         self.claims = claims
         self.url = url
         self.max_workers = max_workers
+        self.trust = trust
 
     # --- plan ---------------------------------------------------------------------------------
     def plan(self, keep_last: int | None, stale_after: float) -> GcPlan:
@@ -190,7 +195,7 @@ class GarbageCollector:
                 continue
             where = self.backend.path(step_dirname(step))
             try:
-                manifest = load_checked_manifest(self.backend, self.url, step)
+                manifest = load_checked_manifest(self.backend, self.url, step, trust=self.trust)
                 if keep_last is not None and len(plan.kept_steps) < keep_last:
                     Bundle(self.backend, self.url, manifest, self.max_workers).verify()
             except (CorruptBundleError, UncommittedBundleError) as exc:

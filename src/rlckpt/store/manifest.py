@@ -7,6 +7,9 @@ format down to 1:
 - manifest 2, COMMIT 2: every digest names its algorithm (entry keys `algorithm` + `digest`, COMMIT keys
   `manifest_algorithm` + `manifest_digest`), and both records name the rlckpt version that wrote them
   (`writer_version`).
+- COMMIT 3: names the run it was written in (`run`, the id of the run's `_run.json`) and carries the
+  bundle's signature (`signature`: null, or the signing key's id and its Ed25519 signature of the run,
+  the step and the manifest's digest; see signing.py).
 
 A record of a newer format is refused with NewerFormatError, in one line naming the format and the
 version that wrote it. Each format's keys are closed: a key this rlckpt does not know is refused.
@@ -17,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeGuard
 
 import rlckpt
@@ -28,12 +31,16 @@ from .path_set import PathSet
 from .paths import is_txid, validate_relpath, validate_step
 
 MANIFEST_FORMAT = 2
-COMMIT_FORMAT = 2
+COMMIT_FORMAT = 3
 COMPRESSIONS = (None, "zstd")
 # Caps on what a reader will fetch of each metadata record: no object in a run can make it allocate more.
 COMMIT_MAX_BYTES = 64 << 10
 MANIFEST_MAX_BYTES = 32 << 20  # ~180k files with short paths (docs/store-protocol.md, "Records")
 
+_RUN_ID = re.compile(r"[0-9a-f]{32}")  # run_record.RUN_ID_PATTERN
+_KEY_ID = re.compile(r"[0-9a-f]{32}")  # signing.key_id_of
+_SIGNATURE_HEX = re.compile(r"[0-9a-f]{128}")  # an Ed25519 signature: 64 bytes
+SIGNATURE_ALGORITHMS = ("ed25519",)
 _VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+!_-]{0,63}")  # a PEP 440 version, as a plain token
 _MAJOR_MINOR = re.compile(r"([0-9]+)\.([0-9]+)")
 
@@ -252,15 +259,45 @@ class Manifest:
 
 
 @dataclass(frozen=True)
-class CommitMarker:
-    """The COMMIT record: names the digest (and its algorithm) of the manifest bytes beside it.
+class CommitSignature:
+    """A bundle's signature as COMMIT carries it: the algorithm, the id of the key that made it and the
+    signature's bytes. Plain data: what it signs and how it is checked are signing.py's."""
 
-    To add a field (a signature, say): a dataclass field, its key in `_fields`, and its check in the
-    reader of the format that has it (`_COMMIT_READERS`)."""
+    key_id: str
+    value: bytes
+    algorithm: str = "ed25519"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"algorithm": self.algorithm, "key_id": self.key_id, "value": self.value.hex()}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> CommitSignature:
+        """ValueError on anything but an object of exactly these three keys, each well-formed."""
+        if not isinstance(raw, dict):
+            raise ValueError(f"COMMIT's signature is not an object or null: {raw!r:.80}")
+        _check_keys(raw, frozenset({"algorithm", "key_id", "value"}), "COMMIT's signature")
+        if raw["algorithm"] not in SIGNATURE_ALGORITHMS:
+            raise ValueError(f"COMMIT's signature is of an unknown algorithm {raw['algorithm']!r:.40}")
+        if not isinstance(raw["key_id"], str) or _KEY_ID.fullmatch(raw["key_id"]) is None:
+            raise ValueError(f"COMMIT's signature has a bad key_id: {raw['key_id']!r:.80}")
+        if not isinstance(raw["value"], str) or _SIGNATURE_HEX.fullmatch(raw["value"]) is None:
+            raise ValueError("COMMIT's signature value is not 128 lowercase hex digits")
+        return cls(key_id=raw["key_id"], value=bytes.fromhex(raw["value"]), algorithm=raw["algorithm"])
+
+
+@dataclass(frozen=True)
+class CommitMarker:
+    """The COMMIT record: names the digest (and its algorithm) of the manifest bytes beside it and, from
+    format 3, the run it was written in and the bundle's signature (None: unsigned).
+
+    To add a field: a dataclass field, its key in `_fields`, and its check in the reader of the format
+    that has it (`_COMMIT_READERS`)."""
 
     step: int
     txid: str
     manifest: Digest
+    run: str | None = None  # the run's id (run_record.py); None only in COMMITs of formats 1-2
+    signature: CommitSignature | None = None
     format: int = COMMIT_FORMAT
     writer_version: str | None = rlckpt.__version__
 
@@ -272,12 +309,16 @@ class CommitMarker:
             "txid": self.txid,
             "manifest_algorithm": self.manifest.algorithm,
             "manifest_digest": self.manifest.hex,
+            "run": self.run,
+            "signature": None if self.signature is None else self.signature.to_json(),
         }
 
     def to_bytes(self) -> bytes:
-        """The canonical bytes written as COMMIT (COMMIT_FORMAT only)."""
+        """The canonical bytes written as COMMIT (COMMIT_FORMAT only, naming its run)."""
         if self.format != COMMIT_FORMAT or self.writer_version is None:
             raise ValueError(f"COMMIT format {self.format} is read, never written (this rlckpt writes {COMMIT_FORMAT})")
+        if not isinstance(self.run, str) or _RUN_ID.fullmatch(self.run) is None:
+            raise ValueError(f"COMMIT format {COMMIT_FORMAT} names its run's id, got {self.run!r:.80}")
         return canonical_json(self._fields())
 
     @classmethod
@@ -299,6 +340,9 @@ class CommitMarker:
 _COMMIT_KEYS = {
     1: frozenset({"format", "step", "txid", "manifest_sha256"}),
     2: frozenset({"format", "writer_version", "step", "txid", "manifest_algorithm", "manifest_digest"}),
+    3: frozenset(
+        {"format", "writer_version", "step", "txid", "manifest_algorithm", "manifest_digest", "run", "signature"}
+    ),
 }
 
 
@@ -319,4 +363,12 @@ def _commit_2(obj: dict[str, Any], step: int) -> CommitMarker:
     return CommitMarker(step=step, txid=obj["txid"], manifest=digest, format=2, writer_version=version)
 
 
-_COMMIT_READERS: dict[int, Callable[[dict[str, Any], int], CommitMarker]] = {1: _commit_1, 2: _commit_2}
+def _commit_3(obj: dict[str, Any], step: int) -> CommitMarker:
+    marker = _commit_2(obj, step)
+    if not isinstance(obj["run"], str) or _RUN_ID.fullmatch(obj["run"]) is None:
+        raise ValueError(f"COMMIT names a bad run id: {obj['run']!r:.80}")
+    signature = None if obj["signature"] is None else CommitSignature.from_json(obj["signature"])
+    return replace(marker, run=obj["run"], signature=signature, format=3)
+
+
+_COMMIT_READERS: dict[int, Callable[[dict[str, Any], int], CommitMarker]] = {1: _commit_1, 2: _commit_2, 3: _commit_3}

@@ -1,6 +1,7 @@
 """BundleStore: the entry point. Writers `begin(step)`; readers `steps()`, `latest()`, `open(step)`; tools
 `entries()` and `gc()`. A thin facade over the backend (storage primitives), the claims (who holds
-which step), the commit check and the garbage collector. See docs/store-protocol.md."""
+which step), the commit check and the garbage collector. See docs/store-protocol.md; signed bundles and
+the run record: docs/security.md."""
 
 from __future__ import annotations
 
@@ -15,18 +16,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlckpt.errors import (
+    BadSignatureError,
     BundleExistsError,
     CorruptBundleError,
     NewerFormatError,
+    RunIdentityError,
     TransactionStateError,
     UncommittedBundleError,
+    UnsafeObjectError,
     UnsafeStoreError,
+    UnsignedBundleError,
 )
 
 from .backends import Backend, make_backend
 from .bundle import Bundle
 from .claims import Claims, IntentRead
-from .commit_check import load_checked_manifest
+from .commit_check import Trust, load_checked
 from .gc import GarbageCollector, GcReport
 from .intent import DEFAULT_STALE_AFTER
 from .inventory import Inventory
@@ -34,6 +39,8 @@ from .location import given_filesystem_root, open_location
 from .participant import ParticipantWriter, TransactionHandle, validate_participant
 from .paths import COMMIT_NAME, MANIFEST_NAME, is_txid, step_dirname, validate_step
 from .roster import Roster
+from .run_record import RunRecord, create_run_record, read_run_record
+from .signing import SigningKey, VerifyKey
 from .storage_errors import unavailable_as_store_error
 from .transaction import BundleTransaction
 
@@ -55,6 +62,11 @@ class StoreEntry:
     A committed entry also says what wrote it: the manifest's format, its files' digest algorithm(s)
     ("+"-joined), the writing rlckpt's version (None before manifest format 2), and the values of the
     manifest metadata keys `entries()` was asked for.
+
+    signature: "signed" (COMMIT carries a signature: checked by a store with a verify key, only present
+    without one), "unsigned", "bad" (a store with a verify key refused it; the entry is then "corrupt",
+    `detail` says why), or None (no COMMIT that reads). `signed_by` is the signing key's id, `run` the
+    run id COMMIT names (None before COMMIT format 3).
     """
 
     step: int
@@ -69,6 +81,9 @@ class StoreEntry:
     digest: str | None = None
     writer_version: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    signature: str | None = None
+    signed_by: str | None = None
+    run: str | None = None
 
 
 class BundleStore:
@@ -83,9 +98,22 @@ class BundleStore:
         allow_unsafe: bool = False,
         stale_after: float = DEFAULT_STALE_AFTER,
         max_workers: int = DEFAULT_MAX_WORKERS,
+        signing_key: SigningKey | str | os.PathLike[str] | None = None,
+        verify_key: VerifyKey | str | os.PathLike[str] | None = None,
     ) -> None:
         """`fs` overrides the filesystem built from url+storage_options (tests wrap it to inject faults).
-        `allow_unsafe` lets writes proceed (with a loud warning) on a server that ignores create-exclusive."""
+        `allow_unsafe` lets writes proceed (with a loud warning) on a server that ignores create-exclusive.
+        `signing_key` (a SigningKey or its file): every commit signs its COMMIT. `verify_key` (a VerifyKey
+        or its file): only bundles that key signed for this run are read, listed as committed or kept by
+        retention; without one, signatures are not checked. The two are independent: a writer that must
+        refuse bundles it did not sign passes its key's public half (`signing_key.public`) as well.
+
+        Raises:
+            KeyFileError: a key file that cannot be used (missing, open to others, not an Ed25519 key).
+        """
+        self.signing_key = SigningKey.load(signing_key) if isinstance(signing_key, (str, os.PathLike)) else signing_key
+        self.verify_key = VerifyKey.load(verify_key) if isinstance(verify_key, (str, os.PathLike)) else verify_key
+        self._run: RunRecord | None = None  # the run's record, once read or made (it is never rewritten)
         self.url = os.fspath(url)
         self.storage_options = dict(storage_options or {})
         self.allow_unsafe = allow_unsafe
@@ -103,6 +131,56 @@ class BundleStore:
 
     def __repr__(self) -> str:
         return f"BundleStore({self.url!r})"
+
+    # --- the run's identity -------------------------------------------------------------------
+    def run_record(self) -> RunRecord | None:
+        """The run's record (its id), or None when no bundle was begun in it since run records exist.
+
+        Raises:
+            MalformedRecordError: `_run.json` does not read; UnsafeObjectError: it is not a regular file
+                or over its cap; StoreUnavailableError.
+        """
+        if self._run is None:
+            self._check_reachable()
+            with unavailable_as_store_error(self.url, "reading the run record"):
+                self._run = read_run_record(self.backend)
+        return self._run
+
+    def ensure_run_record(self, record: RunRecord | None = None) -> RunRecord:
+        """The run's record, made now (create-exclusive) if the run has none: `record` — a replica of
+        another run takes its source's, so the source's signed bundles verify here too — or a new id.
+
+        Raises:
+            RunIdentityError: the run already has a record naming another run than `record`.
+            MalformedRecordError, UnsafeObjectError, StoreUnavailableError: as run_record.
+        """
+        self._check_reachable()
+        with unavailable_as_store_error(self.url, "writing the run record"):
+            return self._ensure_run(record)
+
+    def _ensure_run(self, record: RunRecord | None) -> RunRecord:
+        """ensure_run_record's storage calls, inside the caller's unavailable_as_store_error."""
+        if self._run is None:
+            self._run = read_run_record(self.backend) or create_run_record(self.backend, record or RunRecord.new())
+        if record is not None and self._run.run_id != record.run_id:
+            raise RunIdentityError(
+                f"{self.url} is run {self._run.run_id} (its _run.json), not run {record.run_id}: its bundles "
+                "would not verify as the other run's"
+            )
+        return self._run
+
+    def _trust(self) -> Trust | None:
+        """What this store accepts with its verify key (None: no key, signatures not checked); the run's
+        record is read once and then kept, so a record rewritten behind a reader's back changes nothing."""
+        if self.verify_key is None:
+            return None
+        try:
+            record = self.run_record()
+        except (ValueError, UnsafeObjectError) as exc:  # MalformedRecordError is a ValueError
+            return Trust(self.verify_key, None, str(exc))
+        if record is None:
+            return Trust(self.verify_key, None, "the run has no run record, _run.json")
+        return Trust(self.verify_key, record.run_id)
 
     @property
     def fs(self) -> Any:
@@ -150,8 +228,10 @@ class BundleStore:
         """Start the save of `step`: the intent is recorded (claiming the step) before any data byte.
 
         COMMIT is checked once, after the claim (a writer may commit until we hold it). With
-        `replace_corrupt`, a committed bundle of this step that fails verification is moved to
-        `_quarantine/` (kept for inspection) and the step is written anew; a valid one still refuses.
+        `replace_corrupt`, a committed bundle of this step that fails verification (with a verify key:
+        also one it did not sign for the run) is moved to `_quarantine/` (kept for inspection) and the
+        step is written anew; a valid one still refuses. The run's first begin makes its run record,
+        whose id the COMMIT names (and, with a signing key, signs).
 
         Returns:
             The open transaction; use it as a context manager.
@@ -168,6 +248,7 @@ class BundleStore:
             taken = self.claims.claim(step, txid)
             committed = False
             try:
+                run = self._ensure_run(None)  # the id every COMMIT of the run names (made by its first begin)
                 if taken is not None and taken.txid:
                     self.backend.discard(step_dir, taken.txid)  # the dead writer's data; the claim is ours
                 committed = self.backend.prepare_step(step_dir, txid)
@@ -180,7 +261,15 @@ class BundleStore:
                 raise
         log.info("began step %s (txid %s) at %s", step, txid, self.url)
         return BundleTransaction(
-            self.backend, self.claims, self.url, step, txid, self.max_workers, self.storage_options
+            self.backend,
+            self.claims,
+            self.url,
+            step,
+            txid,
+            self.max_workers,
+            self.storage_options,
+            run_id=run.run_id,
+            signing_key=self.signing_key,
         )
 
     @classmethod
@@ -245,11 +334,12 @@ class BundleStore:
         self._check_reachable()
         with unavailable_as_store_error(self.url, "listing steps"):
             inv = self.backend.scan()
-            return [s for s in sorted(inv.steps) if inv.committed_marker(s) and self._passes(s)]
+            trust = self._trust()
+            return [s for s in sorted(inv.steps) if inv.committed_marker(s) and self._passes(s, trust)]
 
-    def _passes(self, step: int) -> bool:
+    def _passes(self, step: int, trust: Trust | None) -> bool:
         try:
-            load_checked_manifest(self.backend, self.url, step, with_listing=False)
+            load_checked(self.backend, self.url, step, with_listing=False, trust=trust)
         except NewerFormatError:
             return True  # a newer rlckpt's bundle: counted, and open() refuses it in one line
         except (CorruptBundleError, UncommittedBundleError):
@@ -262,17 +352,20 @@ class BundleStore:
         return steps[-1] if steps else None
 
     def open(self, step: int) -> Bundle:
-        """A checked Bundle (marker -> manifest digest -> listing).
+        """A checked Bundle (marker -> manifest digest -> signature, with a verify key -> listing).
 
         Raises:
             UncommittedBundleError: the step has no COMMIT (or does not exist).
             CorruptBundleError: a check failed; the message names the file and what differs.
+            UnsignedBundleError, BadSignatureError: with a verify key, the bundle is not one it signed for
+                this run (both are CorruptBundleErrors).
             NewerFormatError: COMMIT or manifest is of a format this rlckpt does not read (one line).
         """
         validate_step(step)
         self._check_reachable()
         with unavailable_as_store_error(self.url, f"opening step {step}"):
-            return Bundle(self.backend, self.url, load_checked_manifest(self.backend, self.url, step), self.max_workers)
+            checked = load_checked(self.backend, self.url, step, trust=self._trust())
+            return Bundle(self.backend, self.url, checked.manifest, self.max_workers, commit=checked.marker)
 
     def read_intent(self, step: int) -> IntentRead | None:
         """The intent holding `step` (possibly unreadable), or None."""
@@ -292,8 +385,10 @@ class BundleStore:
                     intents[read.step] = read
             irregular = inv.irregular_steps()
             steps = set(inv.steps) | set(intents) | set(irregular)
+            trust = self._trust()
             return [
-                self._entry(step, inv, intents.get(step), irregular.get(step), metadata_keys) for step in sorted(steps)
+                self._entry(step, inv, intents.get(step), irregular.get(step), metadata_keys, trust)
+                for step in sorted(steps)
             ]
 
     def _entry(
@@ -303,6 +398,7 @@ class BundleStore:
         intent: IntentRead | None,
         irregular: str | None,
         metadata_keys: Collection[str],
+        trust: Trust | None,
     ) -> StoreEntry:
         path = self.backend.path(step_dirname(step))
         files = inv.steps.get(step, {})
@@ -329,11 +425,29 @@ class BundleStore:
         if COMMIT_NAME not in files:
             return StoreEntry(step, "uncommitted", sum(files.values()), len(data_files), None, None, "no COMMIT", path)
         try:
-            manifest = load_checked_manifest(self.backend, self.url, step)
+            checked = load_checked(self.backend, self.url, step, trust=trust)
         except (CorruptBundleError, UncommittedBundleError) as exc:
-            return StoreEntry(step, "corrupt", sum(files.values()), len(data_files), None, None, str(exc), path)
+            signature = (
+                "unsigned"
+                if isinstance(exc, UnsignedBundleError)
+                else "bad"
+                if isinstance(exc, BadSignatureError)
+                else None
+            )
+            return StoreEntry(
+                step,
+                "corrupt",
+                sum(files.values()),
+                len(data_files),
+                None,
+                None,
+                str(exc),
+                path,
+                signature=signature,
+            )
         except NewerFormatError as exc:
             return StoreEntry(step, "newer", sum(files.values()), len(data_files), None, None, str(exc), path)
+        manifest, marker = checked.manifest, checked.marker
         return StoreEntry(
             step,
             "committed",
@@ -347,6 +461,9 @@ class BundleStore:
             digest="+".join(manifest.digest_algorithms) or None,
             writer_version=manifest.writer_version,
             metadata={key: manifest.metadata[key] for key in metadata_keys if key in manifest.metadata},
+            signature="unsigned" if marker.signature is None else "signed",
+            signed_by=None if marker.signature is None else marker.signature.key_id,
+            run=marker.run,
         )
 
     # --- maintenance --------------------------------------------------------------------------
@@ -366,8 +483,10 @@ class BundleStore:
             StoreUnavailableError: the store cannot be reached.
         """
         self._check_reachable()
-        collector = GarbageCollector(self.backend, self.claims, self.url, max_workers or self.max_workers)
         with unavailable_as_store_error(self.url, "collecting garbage"):
+            collector = GarbageCollector(
+                self.backend, self.claims, self.url, max_workers or self.max_workers, trust=self._trust()
+            )
             plan = collector.plan(keep_last, self.stale_after if stale_after is None else stale_after)
             return collector.report(plan, dry_run=True) if dry_run else collector.apply(plan)
 

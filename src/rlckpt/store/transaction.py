@@ -19,13 +19,14 @@ from rlckpt.errors import (
 
 from .backends import Backend
 from .claims import Claims
-from .commit_check import check_records, listing_problem
+from .commit_check import Trust, check_records, listing_problem
 from .digest import Digest
 from .files import FileWriter
-from .manifest import CommitMarker, FileEntry, Manifest, canonical_json
+from .manifest import CommitMarker, CommitSignature, FileEntry, Manifest, canonical_json
 from .participant import Receipt, TransactionHandle, checked_receipt
 from .path_set import PathSet
 from .roster import Roster, RosterState
+from .signing import SigningKey, bundle_message
 from .storage_errors import unavailable_as_store_error
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,8 @@ log = logging.getLogger(__name__)
 
 class BundleTransaction(FileWriter):
     """One save of one step, holding the step's claim. Leaving the `with` block without commit() (or with
-    an exception) aborts."""
+    an exception) aborts. Its COMMIT names `run_id` and, given a `signing_key`, is signed with it: only
+    the coordinator holds the key, never a participant (the handle does not carry it)."""
 
     def __init__(
         self,
@@ -44,11 +46,16 @@ class BundleTransaction(FileWriter):
         txid: str,
         max_workers: int,
         storage_options: dict[str, Any] | None = None,
+        *,
+        run_id: str,
+        signing_key: SigningKey | None = None,
     ) -> None:
         super().__init__(backend, url, step, txid, max_workers, who="transaction")
         self.claims = claims
         self.roster = Roster(backend, url, step, txid)
         self.storage_options = dict(storage_options or {})
+        self.run_id = run_id
+        self._signing_key = signing_key
 
     def __enter__(self) -> BundleTransaction:
         return self
@@ -139,9 +146,11 @@ class BundleTransaction(FileWriter):
             metadata=meta,
         )
         manifest_bytes = manifest.to_bytes()
-        marker = CommitMarker(step=self.step, txid=self.txid, manifest=Digest.of(manifest_bytes)).to_bytes()
+        marker = self._marker(Digest.of(manifest_bytes))
+        # what every reader decides, on these bytes (and a reader with the signing key's public half)
+        trust = None if self._signing_key is None else Trust(self._signing_key.public, self.run_id)
         try:
-            check_records(self.step, marker, manifest_bytes, where)  # what every reader decides, on these bytes
+            check_records(self.step, marker, manifest_bytes, where, trust)
         except CorruptBundleError as exc:
             raise UnreadableBundleError(
                 f"{exc}: readers would refuse this bundle ({len(files)} files, "
@@ -159,6 +168,17 @@ class BundleTransaction(FileWriter):
                 )
             self.backend.make_visible(self._step_dir, self.txid, manifest_bytes, marker)
         return manifest, roster
+
+    def _marker(self, manifest: Digest) -> bytes:
+        """COMMIT's bytes: this run's id, the manifest's digest and, with a signing key, the signature of
+        the three (signing.bundle_message)."""
+        signature = None
+        if self._signing_key is not None:
+            value = self._signing_key.sign(bundle_message(self.run_id, self.step, manifest))
+            signature = CommitSignature(key_id=self._signing_key.key_id, value=value)
+        return CommitMarker(
+            step=self.step, txid=self.txid, manifest=manifest, run=self.run_id, signature=signature
+        ).to_bytes()
 
     @staticmethod
     def _check_roster(roster: RosterState, receipts: list[Receipt], where: str) -> None:

@@ -29,7 +29,6 @@ from rlckpt.controller.trainer_group import LocalTrainerGroup
 from rlckpt.dataplane.base import DataPlaneClient
 from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
 from rlckpt.grpo import DigitSumTask, GenerationWorker, PromptLoader
-from rlckpt.store import BundleStore
 
 
 @dataclass
@@ -67,7 +66,7 @@ async def run_in_process(
     ``run`` (optional) is filled as the run goes, so a test can reach the loop while it runs; ``clock``
     replaces the wall clock the deadline (``config.save_by``) is planned on."""
     run = run if run is not None else InProcessRun()
-    store = BundleStore(config.run_dir, config.storage_options)
+    store = config.store()
     task = DigitSumTask(seed=config.task_seed, num_prompts=config.num_prompts)
     loader = PromptLoader(task, config.grpo.prompts_per_step, seed=config.grpo.seed)
     trainer = LocalTrainerGroup(config.grpo)  # one rank, world size 1, in threads of this process

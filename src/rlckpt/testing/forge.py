@@ -1,12 +1,15 @@
 """What anyone who can write a run's storage can commit, through rlckpt's own store API: a bundle
 whose every digest matches, holding whatever bytes they like. The attacks of docs/security.md's tests
 are built here; each payload, if anything ever unpickles it, runs code that writes a marker file, so a
-test can tell "refused" from "refused after it ran".
+test can tell "refused" from "refused after it ran". Without the signing key, what such a writer can do
+to signed bundles is below too: carry a signature over, copy a bundle into another run, rewrite the
+run record.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import pickle
 from collections.abc import Mapping
@@ -15,7 +18,10 @@ from typing import Any
 
 import torch
 
-from rlckpt.store import BundleStore
+from rlckpt.store import BundleStore, RunRecord, step_dirname
+from rlckpt.store.manifest import canonical_json
+from rlckpt.store.paths import COMMIT_NAME
+from rlckpt.store.run_record import RUN_RECORD_NAME
 
 
 class RunsCode:
@@ -59,3 +65,53 @@ def files_under(root: str | os.PathLike[str], prefix: str) -> dict[str, bytes]:
     return {
         f"{prefix}/{p.relative_to(base).as_posix()}": p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()
     }
+
+
+# --- signed bundles: what a writer of the storage can do without the key ------------------------------
+
+
+def commit_json(store: BundleStore, step: int) -> dict[str, Any]:
+    """The COMMIT of `step` as its JSON object (read behind the store's back)."""
+    return json.loads(store.fs.cat_file(f"{store.root}/{step_dirname(step)}/{COMMIT_NAME}"))
+
+
+def put_commit_json(store: BundleStore, step: int, obj: dict[str, Any]) -> None:
+    """Replace the COMMIT of `step` with `obj`, in the canonical form a reader accepts."""
+    store.fs.pipe_file(f"{store.root}/{step_dirname(step)}/{COMMIT_NAME}", canonical_json(obj))
+
+
+def carry_signature(store: BundleStore, source_step: int, step: int) -> None:
+    """Give the COMMIT of `step` (committed without a key) the signature and run of `source_step`'s: all
+    an attacker can do to make a bundle of their own look signed."""
+    source = commit_json(store, source_step)
+    put_commit_json(store, step, {**commit_json(store, step), "run": source["run"], "signature": source["signature"]})
+
+
+def copy_bundle(source: BundleStore, step: int, target: BundleStore) -> None:
+    """Copy committed `step` byte for byte (every object under `step_<N>/`: files, manifest, COMMIT) from
+    one run into another: a signed bundle moved into a run it was not signed for."""
+    prefix = f"{source.root}/{step_dirname(step)}/"
+    for path in sorted(source.fs.find(prefix)):
+        dest = f"{target.root}/{path[len(source.root) + 1 :]}"
+        target.fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
+        target.fs.pipe_file(dest, source.fs.cat_file(path))
+
+
+def recommit_bundle(source: BundleStore, step: int, target: BundleStore) -> None:
+    """Commit `source`'s committed `step` into `target` as the same step, every file and the manifest
+    metadata as they are, through `target` (without a key: unsigned): a consistent bundle of another run,
+    as anyone who can write the target's storage can put there, whatever the two stores' layouts."""
+    bundle = source.open(step)
+    with target.begin(step) as txn:
+        for rel in sorted(bundle.manifest.files):
+            txn.write_bytes(rel, bundle.read_bytes(rel))
+        txn.commit(dict(bundle.manifest.metadata))
+
+
+def rewrite_run_record(store: BundleStore, run_id: str | None) -> None:
+    """Replace the run's record with one naming `run_id`, or remove it (None)."""
+    path = f"{store.root}/{RUN_RECORD_NAME}"
+    if run_id is None:
+        store.fs.rm_file(path)
+    else:
+        store.fs.pipe_file(path, RunRecord(run_id=run_id, created="2026-01-01T00:00:00Z").to_bytes())

@@ -10,6 +10,7 @@ from typing import Any
 
 from rlckpt.store import BundleStore, BundleTransaction, Intent
 from rlckpt.store.paths import TXN_DIR, parse_step_dirname
+from rlckpt.store.run_record import RUN_RECORD_NAME
 
 
 def all_paths(store: BundleStore) -> list[str]:
@@ -28,10 +29,13 @@ def multipart_uploads(store: BundleStore) -> list[str]:
 
 
 def debris(store: BundleStore) -> list[str]:
-    """Files that belong to no committed bundle (intents, staging, uncommitted steps) + open multipart uploads."""
+    """Files that belong to no committed bundle (intents, staging, uncommitted steps) + open multipart uploads.
+    The run record is the run's own, not debris."""
     committed = {f"step_{s}" for s in store.steps()}
     out = []
     for rel in all_paths(store):
+        if rel == RUN_RECORD_NAME:
+            continue
         head = rel.split("/", 1)[0]
         if head not in committed or parse_step_dirname(head) is None:
             out.append(rel)
@@ -153,14 +157,21 @@ def corrupt_file(store: BundleStore, step: int, rel: str, how: str) -> None:
 
 
 def rewrite_manifest(store: BundleStore, step: int, manifest_bytes: bytes) -> None:
-    """Replace a bundle's manifest and re-sign its COMMIT to name it: what a writer that wrote these very
-    bytes would have committed (digests alone cannot tell it from a genuine bundle)."""
+    """Replace a bundle's manifest and rewrite its COMMIT to name it: what a writer that wrote these very
+    bytes would have committed (digests alone cannot tell it from a genuine bundle). COMMIT keeps its run
+    and its signature, if any, as they were: a forger cannot sign anew."""
     from rlckpt.store import CommitMarker, Digest
 
     marker = CommitMarker.from_bytes(store.fs.cat_file(raw_path(store, f"step_{step}", "COMMIT")))
     store.fs.pipe_file(raw_path(store, f"step_{step}", "manifest.json"), manifest_bytes)
-    signed = CommitMarker(step=step, txid=marker.txid, manifest=Digest.of(manifest_bytes))
-    store.fs.pipe_file(raw_path(store, f"step_{step}", "COMMIT"), signed.to_bytes())
+    renamed = CommitMarker(
+        step=step,
+        txid=marker.txid,
+        manifest=Digest.of(manifest_bytes),
+        run=marker.run or store.ensure_run_record().run_id,
+        signature=marker.signature,
+    )
+    store.fs.pipe_file(raw_path(store, f"step_{step}", "COMMIT"), renamed.to_bytes())
 
 
 def forge_file(

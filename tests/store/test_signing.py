@@ -1,0 +1,170 @@
+"""Signed bundles: a store with a signing key signs every COMMIT; a store with the verify key reads only
+bundles that key signed for the run, and refuses the rest as not verifying (docs/security.md). Each attack
+is what a writer of the run's storage can do without the key, through rlckpt's own store API and plain
+writes (`rlckpt.testing.forge`). Every test runs on local disk and on S3."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlckpt.errors import BadSignatureError, UnsignedBundleError
+from rlckpt.store import BundleStore, Digest, SigningKey
+from rlckpt.store.signing import bundle_message
+from rlckpt.testing.forge import (
+    carry_signature,
+    commit_json,
+    copy_bundle,
+    forge_step,
+    put_commit_json,
+    rewrite_run_record,
+)
+from rlckpt.testing.store_checks import save_sample
+
+
+@pytest.fixture
+def key() -> SigningKey:
+    return SigningKey.generate()
+
+
+@pytest.fixture
+def signed(store_location, key) -> BundleStore:
+    """A run whose step 2 was committed by a store with the signing key."""
+    url, options = store_location
+    store = BundleStore(url, options, signing_key=key)
+    save_sample(store, 2)
+    return store
+
+
+def plain(store: BundleStore) -> BundleStore:
+    """The same run through a store without keys: what a writer without the key (an attacker) uses."""
+    return BundleStore(store.url, store.storage_options)
+
+
+def verifying(store: BundleStore, key: SigningKey) -> BundleStore:
+    return BundleStore(store.url, store.storage_options, verify_key=key.public)
+
+
+def test_a_bundle_signed_with_the_key_opens_verifies_and_lists_as_signed_by_it(signed, key):
+    store = verifying(signed, key)
+    bundle = store.open(2)
+    bundle.verify()
+    assert bundle.commit is not None and bundle.commit.signature is not None
+    assert bundle.commit.signature.key_id == key.key_id
+    assert store.steps() == [2]
+    (entry,) = store.entries()
+    assert (entry.state, entry.signature, entry.signed_by) == ("committed", "signed", key.key_id)
+    assert entry.run == signed.run_record().run_id
+
+
+def test_the_signature_covers_the_run_the_step_and_the_manifest_digest(signed, key):
+    marker = commit_json(signed, 2)
+    manifest = signed.open(2).commit.manifest
+    message = bundle_message(marker["run"], 2, manifest)
+    assert key.public.verifies(message, bytes.fromhex(marker["signature"]["value"]))
+    assert marker["signature"]["algorithm"] == "ed25519"
+
+
+def test_an_unsigned_bundle_does_not_verify_under_a_verify_key(store_location, key):
+    url, options = store_location
+    save_sample(BundleStore(url, options), 2)
+    store = BundleStore(url, options, verify_key=key.public)
+    with pytest.raises(UnsignedBundleError, match=r"step 2 at .*: unsigned \(it was written without a signing key\)"):
+        store.open(2)
+    assert store.steps() == [] and store.latest() is None
+    (entry,) = store.entries()
+    assert (entry.state, entry.signature) == ("corrupt", "unsigned")
+
+
+@pytest.mark.parametrize("bit", [0, 257, 511])
+def test_one_flipped_bit_in_the_signature_is_a_bad_signature(signed, key, bit):
+    marker = commit_json(signed, 2)
+    value = bytearray.fromhex(marker["signature"]["value"])
+    value[bit // 8] ^= 1 << (bit % 8)
+    put_commit_json(signed, 2, {**marker, "signature": {**marker["signature"], "value": value.hex()}})
+    store = verifying(signed, key)
+    with pytest.raises(BadSignatureError, match="step 2 at .*: bad signature: COMMIT's signature by key .* does not"):
+        store.open(2)
+    assert store.steps() == []
+    assert [e.signature for e in store.entries()] == ["bad"]
+    plain(signed).open(2).verify()  # intact: only a store with the verify key refuses it
+
+
+def test_a_signed_bundle_recommitted_as_another_step_with_its_signature_is_a_bad_signature(signed, key):
+    forge_step(plain(signed), 2, 6, {})  # the same files, committed as step 6 without the key
+    carry_signature(signed, 2, 6)
+    store = verifying(signed, key)
+    with pytest.raises(BadSignatureError, match="step 6 at .*: bad signature: .* does not match its run, step"):
+        store.open(6)
+    assert store.steps() == [2]
+
+
+def test_a_signed_bundle_copied_byte_for_byte_into_another_run_is_signed_for_another_run(signed, key):
+    other = BundleStore(signed.url + "-other", signed.storage_options, signing_key=key)  # same key, its own run
+    save_sample(other, 1)
+    copy_bundle(signed, 2, other)
+    this_run, that_run = other.run_record().run_id, signed.run_record().run_id
+    store = verifying(other, key)
+    with pytest.raises(BadSignatureError, match=rf"signed for another run \({that_run}\); this run is {this_run}"):
+        store.open(2)
+    assert store.steps() == [1]
+    plain(other).open(2).verify()  # without the verify key the copy reads as it would have before
+
+
+def test_a_run_record_rewritten_to_another_run_makes_the_runs_own_bundles_signed_for_another_run(signed, key):
+    rewrite_run_record(signed, "a" * 32)
+    with pytest.raises(BadSignatureError, match=rf"signed for another run .*; this run is {'a' * 32}"):
+        verifying(signed, key).open(2)
+
+
+def test_a_removed_run_record_leaves_no_signed_bundle_this_runs(signed, key):
+    rewrite_run_record(signed, None)
+    with pytest.raises(BadSignatureError, match=r"this run's identity is unknown \(the run has no run record"):
+        verifying(signed, key).open(2)
+
+
+def test_a_wrong_public_key_refuses_the_bundle_naming_both_keys(signed, key):
+    other = SigningKey.generate()
+    with pytest.raises(
+        BadSignatureError, match=rf"signed by another key \({key.key_id}\), not the verify key's \({other.key_id}\)"
+    ):
+        verifying(signed, other).open(2)
+
+
+def test_a_signature_by_another_key_claiming_the_verify_keys_id_is_a_bad_signature(signed, key):
+    forge_step(plain(signed), 2, 6, {})
+    marker = commit_json(signed, 6)
+    attacker = SigningKey.generate()
+    manifest = Digest(marker["manifest_algorithm"], marker["manifest_digest"])
+    value = attacker.sign(bundle_message(marker["run"], 6, manifest))
+    put_commit_json(
+        signed, 6, {**marker, "signature": {"algorithm": "ed25519", "key_id": key.key_id, "value": value.hex()}}
+    )
+    with pytest.raises(BadSignatureError, match="step 6 at .*: bad signature"):
+        verifying(signed, key).open(6)
+
+
+def test_without_a_verify_key_signatures_are_not_checked_and_entries_still_say_signed(signed, key):
+    forge_step(plain(signed), 2, 4, {})
+    store = plain(signed)
+    assert store.steps() == [2, 4]
+    assert [(e.signature, e.signed_by) for e in store.entries()] == [("signed", key.key_id), ("unsigned", None)]
+
+
+def test_retention_never_counts_an_unsigned_bundle_as_the_newest_good_one(signed, key):
+    save_sample(signed, 3)
+    forge_step(plain(signed), 3, 4, {})  # the newest bundle: intact, unsigned
+    report = verifying(signed, key).gc(keep_last=1)
+    assert report.deleted_steps == [2]
+    assert report.kept_steps == [3]
+    assert report.corrupt_steps == [4] and "unsigned" in report.corrupt_reasons[4]
+
+
+def test_a_save_over_an_unsigned_bundle_with_replace_corrupt_quarantines_it(store_location, key):
+    url, options = store_location
+    save_sample(BundleStore(url, options), 2)
+    store = BundleStore(url, options, signing_key=key, verify_key=key.public)
+    with store.begin(2, replace_corrupt=True) as txn:
+        txn.write_bytes("policy/weights.bin", b"signed")
+        txn.commit({"step": 2})
+    assert store.steps() == [2]
+    assert store.open(2).commit.signature.key_id == key.key_id
