@@ -8,6 +8,7 @@ lists every file's size and digest (BLAKE3 in bundles written now, sha256 in tho
 from .backends.object_store import WRITE_BLOCK_SIZE
 from .buffers import READ_BUFFERS, BufferPool
 from .bundle import Bundle
+from .commit_check import CommitRecords
 from .digest import Digest
 from .gc import GcReport
 from .intent import Intent
@@ -15,6 +16,7 @@ from .location import open_location
 from .manifest import COMMIT_FORMAT, MANIFEST_FORMAT, CommitMarker, FileEntry, Manifest
 from .participant import ParticipantWriter, Receipt, TransactionHandle, validate_participant
 from .paths import join_relpath, step_dirname, validate_relpath, validate_step
+from .replica import CopyReport, copy_bundle
 from .storage_errors import as_store_error, unavailable_as_store_error
 from .store import BundleStore, StoreEntry
 from .transaction import BundleTransaction
@@ -29,6 +31,8 @@ __all__ = [
     "BundleStore",
     "BundleTransaction",
     "CommitMarker",
+    "CommitRecords",
+    "CopyReport",
     "Digest",
     "FileEntry",
     "GcReport",
@@ -39,6 +43,7 @@ __all__ = [
     "StoreEntry",
     "TransactionHandle",
     "as_store_error",
+    "copy_bundle",
     "join_relpath",
     "open_location",
     "step_dirname",

@@ -8,6 +8,7 @@ the bytes and files it is about to publish: a commit that returns is a bundle th
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from rlckpt.errors import (
     CorruptBundleError,
@@ -23,8 +24,23 @@ from .manifest import COMMIT_MAX_BYTES, MANIFEST_MAX_BYTES, CommitMarker, FileEn
 from .paths import COMMIT_NAME, MANIFEST_NAME, step_dirname
 
 
+@dataclass(frozen=True)
+class CommitRecords:
+    """A committed bundle's COMMIT and manifest.json exactly as stored, and the manifest they passed the
+    commit check as: what a replica publishes verbatim (replica.py), digests and signatures untouched."""
+
+    marker: bytes
+    manifest_bytes: bytes
+    manifest: Manifest
+
+
 def load_checked_manifest(backend: Backend, url: str, step: int, with_listing: bool = True) -> Manifest:
-    """The manifest of a committed step, after every check; UncommittedBundleError or CorruptBundleError.
+    """The manifest of a committed step, after every check; UncommittedBundleError or CorruptBundleError."""
+    return load_checked_records(backend, url, step, with_listing).manifest
+
+
+def load_checked_records(backend: Backend, url: str, step: int, with_listing: bool = True) -> CommitRecords:
+    """COMMIT and manifest of a committed step as stored, after every check (load_checked_manifest's).
 
     An object store fetches COMMIT, manifest and listing in one round trip; what was fetched beside
     COMMIT may predate a commit finishing meanwhile, so a failed check on it is decided again on a
@@ -32,11 +48,17 @@ def load_checked_manifest(backend: Backend, url: str, step: int, with_listing: b
     where = f"step {step} at {url}"
     view = _fetch(backend, step, where, with_listing, in_order=False)
     try:
-        return check_commit(backend, step, view, where)
+        return _records(view, check_commit(backend, step, view, where))
     except CorruptBundleError:
         if not view.early:
             raise
-    return check_commit(backend, step, _fetch(backend, step, where, with_listing, in_order=True), where)
+    view = _fetch(backend, step, where, with_listing, in_order=True)
+    return _records(view, check_commit(backend, step, view, where))
+
+
+def _records(view: CommitView, manifest: Manifest) -> CommitRecords:
+    assert view.marker is not None and view.manifest is not None, "check_commit passed a view without records"
+    return CommitRecords(view.marker, view.manifest, manifest)
 
 
 def _fetch(backend: Backend, step: int, where: str, with_listing: bool, in_order: bool) -> CommitView:

@@ -26,7 +26,7 @@ from rlckpt.errors import (
 from .backends import Backend, make_backend
 from .bundle import Bundle
 from .claims import Claims, IntentRead
-from .commit_check import load_checked_manifest
+from .commit_check import CommitRecords, load_checked_manifest, load_checked_records
 from .gc import GarbageCollector, GcReport
 from .intent import DEFAULT_STALE_AFTER
 from .inventory import Inventory
@@ -146,12 +146,18 @@ class BundleStore:
             self._probed = True
 
     # --- writing ------------------------------------------------------------------------------
-    def begin(self, step: int, *, replace_corrupt: bool = False) -> BundleTransaction:
+    def begin(self, step: int, *, replace_corrupt: bool = False, txid: str | None = None) -> BundleTransaction:
         """Start the save of `step`: the intent is recorded (claiming the step) before any data byte.
 
         COMMIT is checked once, after the claim (a writer may commit until we hold it). With
         `replace_corrupt`, a committed bundle of this step that fails verification is moved to
         `_quarantine/` (kept for inspection) and the step is written anew; a valid one still refuses.
+
+        `txid` runs the transaction under a given id instead of a fresh one: a replica (replica.py) is the
+        same bundle as its source, whose manifest names its txid (and on an object store its files live
+        under `step_<N>/<txid>/`). A dead earlier transaction of that same txid is the same copy,
+        interrupted: what it wrote is left in place (`BundleTransaction.adopt` checks each file before
+        counting it), not removed with the rest of a dead writer's data.
 
         Returns:
             The open transaction; use it as a context manager.
@@ -159,16 +165,19 @@ class BundleStore:
             BundleExistsError: the step is committed, or another live writer holds it.
             StoreUnavailableError: the store cannot be reached or written.
             UnsafeStoreError: the server ignores create-exclusive writes (see `allow_unsafe`).
+            TransactionStateError: `txid` is not a transaction id.
         """
         validate_step(step)
+        if txid is not None and not is_txid(txid):
+            raise TransactionStateError(f"not a transaction id: {txid!r:.80}")
         self._ensure_writable()
-        txid = uuid.uuid4().hex
+        txid = txid or uuid.uuid4().hex
         step_dir = step_dirname(step)
         with unavailable_as_store_error(self.url, f"beginning step {step}"):
             taken = self.claims.claim(step, txid)
             committed = False
             try:
-                if taken is not None and taken.txid:
+                if taken is not None and taken.txid and taken.txid != txid:
                     self.backend.discard(step_dir, taken.txid)  # the dead writer's data; the claim is ours
                 committed = self.backend.prepare_step(step_dir, txid)
                 if committed and replace_corrupt and self._quarantine_if_corrupt(step, txid):
@@ -273,6 +282,18 @@ class BundleStore:
         self._check_reachable()
         with unavailable_as_store_error(self.url, f"opening step {step}"):
             return Bundle(self.backend, self.url, load_checked_manifest(self.backend, self.url, step), self.max_workers)
+
+    def records(self, step: int) -> CommitRecords:
+        """COMMIT and manifest.json of a committed step exactly as stored, checked as `open` checks them: what
+        a replica of the bundle publishes verbatim (replica.py), and what tells two copies of a step apart.
+
+        Raises:
+            UncommittedBundleError, CorruptBundleError, NewerFormatError: as `open`.
+        """
+        validate_step(step)
+        self._check_reachable()
+        with unavailable_as_store_error(self.url, f"reading the records of step {step}"):
+            return load_checked_records(self.backend, self.url, step)
 
     def read_intent(self, step: int) -> IntentRead | None:
         """The intent holding `step` (possibly unreadable), or None."""
