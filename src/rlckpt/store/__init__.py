@@ -17,6 +17,7 @@ from .manifest import COMMIT_FORMAT, MANIFEST_FORMAT, CommitMarker, FileEntry, M
 from .participant import ParticipantWriter, Receipt, TransactionHandle, validate_participant
 from .paths import join_relpath, step_dirname, validate_relpath, validate_step
 from .replica import CopyReport, copy_bundle
+from .retention import METRICS_KEY, Retention
 from .storage_errors import as_store_error, unavailable_as_store_error
 from .store import BundleStore, StoreEntry
 from .transaction import BundleTransaction
@@ -24,6 +25,7 @@ from .transaction import BundleTransaction
 __all__ = [
     "COMMIT_FORMAT",
     "MANIFEST_FORMAT",
+    "METRICS_KEY",
     "READ_BUFFERS",
     "WRITE_BLOCK_SIZE",
     "BufferPool",
@@ -40,6 +42,7 @@ __all__ = [
     "Manifest",
     "ParticipantWriter",
     "Receipt",
+    "Retention",
     "StoreEntry",
     "TransactionHandle",
     "as_store_error",

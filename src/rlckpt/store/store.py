@@ -33,6 +33,7 @@ from .inventory import Inventory
 from .location import given_filesystem_root, open_location
 from .participant import ParticipantWriter, TransactionHandle, validate_participant
 from .paths import COMMIT_NAME, MANIFEST_NAME, is_txid, step_dirname, validate_step
+from .retention import Retention
 from .roster import Roster
 from .storage_errors import unavailable_as_store_error
 from .transaction import BundleTransaction
@@ -266,9 +267,14 @@ class BundleStore:
         return True
 
     def latest(self) -> int | None:
-        """The newest committed step, or None when there is none."""
-        steps = self.steps()
-        return steps[-1] if steps else None
+        """The newest committed step (as `steps()` counts them), or None when there is none: one listing, then
+        COMMIT and manifest of each step from the newest down, only until one passes."""
+        self._check_reachable()
+        with unavailable_as_store_error(self.url, "finding the newest step"):
+            inv = self.backend.scan()
+            return next(
+                (s for s in sorted(inv.steps, reverse=True) if inv.committed_marker(s) and self._passes(s)), None
+            )
 
     def open(self, step: int) -> Bundle:
         """A checked Bundle (marker -> manifest digest -> listing).
@@ -294,6 +300,15 @@ class BundleStore:
         self._check_reachable()
         with unavailable_as_store_error(self.url, f"reading the records of step {step}"):
             return load_checked_records(self.backend, self.url, step)
+
+    def intents(self) -> dict[int, IntentRead]:
+        """Every step being written, or left by a writer that died, with its intent (who holds it, since
+        when): one listing of the run, then each intent read."""
+        self._check_reachable()
+        with unavailable_as_store_error(self.url, "listing intents"):
+            inv = self.backend.scan()
+            reads = (self.claims.read_at(path, mtime) for path, mtime in inv.intents.items())
+            return {read.step: read for read in reads if read is not None and read.step is not None}
 
     def read_intent(self, step: int) -> IntentRead | None:
         """The intent holding `step` (possibly unreadable), or None."""
@@ -377,19 +392,24 @@ class BundleStore:
         dry_run: bool = False,
         stale_after: float | None = None,
         max_workers: int | None = None,
+        retention: Retention | None = None,
     ) -> GcReport:
-        """Remove debris of dead transactions and, with `keep_last`, committed bundles older than the
-        `keep_last` newest ones that fully verify. A dry run is the same plan, not applied.
-        `max_workers` caps the threads that read and remove files (default: the store's).
+        """Remove debris of dead transactions and committed bundles no retention rule keeps: with `keep_last`
+        (or `retention`, retention.py: the K newest, every N-th step, the K best by a metric, the caller's
+        holds). The newest bundle that fully verifies is always kept. A dry run is the same plan, not
+        applied. `max_workers` caps the threads that read and remove files (default: the store's).
 
         Raises:
-            ValueError: `keep_last` is not an int >= 1.
+            ValueError: `keep_last` is not an int >= 1, a rule of `retention` is malformed, or both are given.
             StoreUnavailableError: the store cannot be reached.
         """
+        if retention is not None and keep_last is not None:
+            raise ValueError("gc takes keep_last or a retention, not both")
+        rules = retention if retention is not None else Retention(keep_last=keep_last)
         self._check_reachable()
         collector = GarbageCollector(self.backend, self.claims, self.url, max_workers or self.max_workers)
         with unavailable_as_store_error(self.url, "collecting garbage"):
-            plan = collector.plan(keep_last, self.stale_after if stale_after is None else stale_after)
+            plan = collector.plan(rules, self.stale_after if stale_after is None else stale_after)
             return collector.report(plan, dry_run=True) if dry_run else collector.apply(plan)
 
 
