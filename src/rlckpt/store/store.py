@@ -301,6 +301,17 @@ class BundleStore:
         with unavailable_as_store_error(self.url, f"reading the records of step {step}"):
             return load_checked_records(self.backend, self.url, step)
 
+    def committed_at(self, step: int) -> float | None:
+        """When `step`'s COMMIT was published here (unix seconds, the storage's clock), or None when it has
+        none. A replica carries its source's COMMIT bytes, not its time: the two times give the lag between
+        tiers (docs/tiers.md)."""
+        self._check_reachable()
+        with unavailable_as_store_error(self.url, f"reading the COMMIT time of step {step}"):
+            try:
+                return self.backend.mtime(self.backend.path(step_dirname(step), COMMIT_NAME))
+            except FileNotFoundError:
+                return None
+
     def intents(self) -> dict[int, IntentRead]:
         """Every step being written, or left by a writer that died, with its intent (who holds it, since
         when): one listing of the run, then each intent read."""
