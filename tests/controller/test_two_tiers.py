@@ -16,6 +16,7 @@ from rlckpt.errors import StoreUnavailableError
 from rlckpt.grpo import GRPOConfig
 from rlckpt.store import BundleStore
 from rlckpt.testing.controller import InProcessRun, run_in_process
+from rlckpt.testing.outage import ONE_QUICK_ATTEMPT, Outage
 from rlckpt.testing.store_checks import corrupt_file
 
 SMALL = GRPOConfig(group_size=4, prompts_per_step=4)
@@ -167,3 +168,37 @@ def test_a_run_whose_remote_tier_cannot_be_reached_at_start_refuses_to_start(tmp
     blocked.write_text("a file where the remote tier should be")
     with pytest.raises(StoreUnavailableError, match="not-a-dir"):
         _run(str(tmp_path / "local"), 2, (str(blocked / "remote"), None))
+
+
+def test_an_s3_server_stopped_then_restarted_fails_the_replication_meanwhile_and_the_next_one_goes_through(
+    tmp_path, s3_run_url, s3_storage_options
+):
+    local = str(tmp_path / "local")
+    run = InProcessRun()
+    with Outage(s3_storage_options["endpoint_url"]) as outage:
+        options = {**s3_storage_options, "endpoint_url": outage.endpoint, "config_kwargs": ONE_QUICK_ATTEMPT}
+
+        async def stop_then_restart(step: int) -> None:  # deterministic: the replication before is over
+            assert run.loop is not None and run.loop.replication is not None
+            await run.loop.replication.drain()
+            if step == 4:
+                outage.cut()  # the server stops: save 4's replication will fail
+            if step == 6:
+                outage.restore()  # and is back before save 6
+
+        config = TrainConfig(
+            run_dir=local,
+            steps=6,
+            save_every=2,
+            grpo=SMALL,
+            keep_last=1,
+            replicate_to=s3_run_url,
+            replicate_storage_options=options,
+        )
+        asyncio.run(run_in_process(config, run=run, before_commit=stop_then_restart))
+    assert run.summary is not None
+    assert run.summary.replicated == [2, 6] and sorted(run.summary.replication_failed) == [4]
+    remote = BundleStore(s3_run_url, s3_storage_options)
+    assert remote.steps() == [2, 6]  # nothing of 4 committed there
+    remote.open(6).verify()
+    assert BundleStore(local).steps() == [4, 6]  # 4 never reached the remote tier: kept locally
