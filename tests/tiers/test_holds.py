@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rlckpt.store import BundleStore, Retention, copy_bundle
-from rlckpt.testing.store_checks import save_sample
+from rlckpt.testing.store_checks import declare_writers_dead, save_sample
 from rlckpt.tiers import replication_holds
 
 
@@ -60,3 +60,12 @@ def test_local_retention_does_not_delete_a_bundle_not_yet_replicated(tiers):
     report = local.gc(retention=Retention(keep_last=1, holds=replication_holds(local, remote)))
     assert (report.kept_steps, report.deleted_steps) == ([6, 8], [2, 4])  # 4 is there; 2 was superseded
     assert report.kept_reasons[6].startswith("not yet replicated")
+
+
+def test_a_copy_whose_process_died_does_not_hold_the_local_bundle(tiers):
+    local, remote = tiers
+    copy_bundle(local, 6, remote)
+    copy = remote.begin(2, txid=local.records(2).manifest.txid)  # a copy of step 2, then its process died
+    declare_writers_dead(remote)
+    assert 2 not in replication_holds(local, remote)
+    copy.abort()
