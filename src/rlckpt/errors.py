@@ -112,6 +112,13 @@ class LostWriteError(StoreError):
     committed (gc or another writer touched what this transaction owns)."""
 
 
+class ReplicaError(StoreError):
+    """A replica (a committed bundle copied to another store under its own txid, its COMMIT and manifest
+    carried verbatim) cannot be committed: the files copied are not the manifest's (one missing, extra, of
+    another size or digest), or the records are not of the transaction's step and txid. Nothing is
+    published, and the copy can be tried again."""
+
+
 class MalformedRecordError(StoreError, ValueError):
     """A store record (the write-ahead intent) is not in the form this rlckpt writes: a field missing, of
     another type, unknown, or a format it does not read. Names the record and the field. An intent that

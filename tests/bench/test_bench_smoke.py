@@ -26,6 +26,7 @@ from rlckpt.bench.rows import RowShape
 from rlckpt.bench.save_downtime import DowntimeConfig, downtime_table, run_downtime
 from rlckpt.bench.save_downtime import result_document as result_document_downtime
 from rlckpt.bench.save_restore import SaveRestoreConfig, run_save_restore
+from rlckpt.bench.two_tiers import run_two_tiers, two_tier_document, two_tier_table
 from rlckpt.checkpoint.row_copy import start_ray_row_copier
 from rlckpt.controller.connect import ConnectOnlyDataPlane
 from rlckpt.store import BundleStore
@@ -125,3 +126,24 @@ def test_save_downtime_measures_sync_and_async_saves_on_each_destination(tq_sess
     write_json(tmp_path / "downtime.json", result_document_downtime(results, config, {"command": "test"}))
     assert json.loads((tmp_path / "downtime.json").read_text())["benchmark"] == "save_downtime"
     assert downtime_table(results).count("| async |") == 2
+
+
+def test_two_tier_save_measures_each_way_and_replicates_every_measured_bundle(tq_session, destinations, tmp_path):
+    local, remote = destinations
+    config = DowntimeConfig(size_mib=0.25, policy_mib=0.25, repeats=1, shape=TINY_ROWS)
+    copier = start_ray_row_copier(ConnectOnlyDataPlane())
+    reset_tq_state()
+    try:
+        result = run_two_tiers(connect_client(), config, local, remote, copier, lambda line: None)
+    finally:
+        reset_tq_state()
+
+    assert len(result.local_downtime_s) == len(result.two_tier_downtime_s) == len(result.s3_save_s) == 1
+    assert len(result.lag_s) == len(result.copy_s) == 1 and result.replicated_bytes > 0
+    (replicas,) = [u for u in dest_runs(remote) if u.rsplit("/", 1)[-1].startswith("two-tier-")]
+    replica_store = BundleStore(replicas, remote.storage_options)
+    assert replica_store.steps() == [1, 2]  # the warm-up and the measured replication, both committed
+    replica_store.open(2).verify()
+    document = two_tier_document(result, config, {"command": "test"})
+    assert document["benchmark"] == "save_two_tier"
+    assert "lag / direct S3 save" in two_tier_table(result)

@@ -16,7 +16,7 @@ from rlckpt.checkpoint.save import SaveParticipants, StagedBytes, save_bundle
 from rlckpt.dataplane.memory import InMemoryDataPlane
 from rlckpt.errors import BundleExistsError, CheckpointError, InventoryMismatchError
 from rlckpt.replay import DataPlaneCheckpointBarrier, ReplayBuffer
-from rlckpt.store import BundleStore
+from rlckpt.store import BundleStore, Retention
 
 GROUP = 4
 
@@ -159,7 +159,7 @@ def test_rollout_commits_wait_while_the_window_is_held_and_proceed_after():
 def test_retention_keeps_only_the_newest_bundles(store_location):
     url, options = store_location
     parts, _ = asyncio.run(_parts(url, options))
-    parts.keep_last = 2
+    parts.retention = Retention(keep_last=2)
     for step in (1, 2, 3):
         asyncio.run(save_bundle(parts, step))
     assert BundleStore(url, options).steps() == [2, 3]

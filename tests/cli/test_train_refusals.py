@@ -202,3 +202,36 @@ def test_resume_step_of_a_run_bundle_missing_a_piece_is_refused_naming_it(cli, r
     result = cli("train", "--run-dir", run.url, *run.options_args(), "--steps", "4", "--resume-step", "2")
     assert result.code == 3
     assert "cannot resume step 2" in _one_line(result) and layout.LOADER_FILE in result.err
+
+
+# --- two tiers and retention -----------------------------------------------------------------------
+
+
+def test_a_metric_without_keep_best_is_a_one_line_usage_error(cli, tmp_path, no_cluster):
+    result = _train(cli, tmp_path, "--metric", "reward")
+    assert result.code == 64
+    assert "metric 'reward' is for keep_best" in _one_line(result)
+
+
+def test_replica_retention_without_a_remote_tier_is_a_one_line_usage_error(cli, tmp_path, no_cluster):
+    result = _train(cli, tmp_path, "--replica-keep-last", "2")
+    assert result.code == 64
+    assert "need a remote tier" in _one_line(result)
+
+
+def test_a_remote_tier_that_cannot_be_reached_is_refused_before_ray_starts(cli, tmp_path, no_cluster):
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the remote tier should be")
+    result = _train(cli, tmp_path, "--replicate-to", str(blocked / "remote"))
+    assert result.code == 3
+    assert "not-a-dir" in _one_line(result)
+
+
+def test_fresh_is_refused_when_the_remote_tier_holds_bundles(cli, tmp_path, no_cluster):
+    remote = tmp_path / "remote"
+    with BundleStore(str(remote)).begin(2) as txn:
+        txn.write_bytes("x.bin", b"x")
+        txn.commit({})
+    result = _train(cli, tmp_path, "--fresh", "--replicate-to", str(remote))
+    assert result.code == 3
+    assert f"--fresh but {remote} already holds committed bundles" in _one_line(result)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rlckpt.checkpoint.row_copy import RowCopier
 from rlckpt.checkpoint.save import PolicyStateSource, SaveParticipants
 from rlckpt.replay import ReplayBuffer
-from rlckpt.store import BundleStore
+from rlckpt.store import BundleStore, Retention
 
 
 def bench_participants(
@@ -27,6 +27,6 @@ def bench_participants(
         rollout_order="async",
         staging_root=staging_root,
         compress_data_plane=compress,
-        keep_last=1,
+        retention=Retention(keep_last=1),
         row_copier=row_copier,
     )

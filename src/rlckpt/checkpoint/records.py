@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rlckpt.checkpoint import layout
 from rlckpt.errors import CorruptBundleError
-from rlckpt.formats import SHA256_HEX, Field, Int, Record, Str
+from rlckpt.formats import SHA256_HEX, Field, Int, MapOf, Number, Record, Str
 
 ROLLOUT_ORDERS = ("in_order", "async")  # the run's (`rlckpt train --mode`)
 UPLOAD_TIMINGS = ("staged", "inline", "pinned")  # the save's (`--upload-timing`)
@@ -47,6 +47,12 @@ RUN_BUNDLE = Record(
         Field(layout.META_TRAINER_RANKS, Int(minimum=1), "how many trainer ranks saved `policy/`", False),
         Field("task", Str(), "the task, as `repr` shows it (recorded)", False),
         Field("steps_target", Int(minimum=0), "the run's `--steps` (recorded)", False),
+        Field(
+            "metrics",
+            MapOf(Number()),
+            "the run's numbers at the step saved (`reward`, `loss`): what `--keep-best K --metric NAME` ranks by",
+            False,
+        ),
     ),
     CorruptBundleError,
     closed=False,

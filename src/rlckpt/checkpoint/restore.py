@@ -4,7 +4,9 @@
 1. pick the newest committed bundle that verifies; the store checks marker → manifest digest → (with a
    verify key) signature → listing.
    A newer bundle that fails any check of steps 1–2 is skipped, loudly (logged, and listed in
-   ``RestoredRun.skipped``); ``resume_step`` pins one step instead and fails if it does not verify
+   ``RestoredRun.skipped``); ``resume_step`` pins one step instead and fails if it does not verify.
+   A two-tier run (docs/tiers.md) looks at every tier: the newest bundle that verifies on any of them,
+   the first tier's (local) copy on a tie; the log says which tier and why
 2. fetch every piece, verifying every digest (``policy/`` checked in place: the trainer ranks
    read it themselves; loader and replay index into memory; ``data_plane/`` into local staging);
    read the run-bundle record in whichever format wrote it (``run_format``); check every record
@@ -82,11 +84,13 @@ class SkippedBundle:
 
     step: int
     reason: str
+    url: str = ""  # the tier it is on
 
 
 @dataclass
 class RestoredRun:
-    """What the driver hands the controller actor after a restore."""
+    """What the driver hands the controller actor after a restore: what was restored, from which tier
+    (`url`) and why that one (`why`)."""
 
     step: int
     manifest: Manifest
@@ -95,6 +99,8 @@ class RestoredRun:
     data_plane_metadata: dict[str, Any]
     seconds: float
     skipped: list[SkippedBundle] = field(default_factory=list)
+    url: str = ""
+    why: str = ""
 
     @property
     def index_digest(self) -> str:
@@ -126,8 +132,18 @@ class _CheckedBundle:
     loader_state: Any  # the loader state as saved (checked when the caller named its formats)
 
 
+@dataclass(frozen=True)
+class _Candidate:
+    """A step-like entry of one tier that a restore may try: the tier's store, its rank (0: preferred on a
+    tie) and the entry."""
+
+    store: BundleStore
+    tier: int
+    entry: StoreEntry
+
+
 async def restore_run(
-    store: BundleStore,
+    stores: BundleStore | Sequence[BundleStore],
     *,
     trainer: TrainerStateSink,
     bootstrap: DataPlaneClient,
@@ -137,10 +153,12 @@ async def restore_run(
     resume_step: int | None = None,
     loader_formats: Sequence[Record] = (),
 ) -> RestoredRun | None:
-    """Restore the newest committed bundle that verifies, or mark the run fresh and return None if the
-    store holds no committed bundle.
+    """Restore the newest committed bundle that verifies, or mark the run fresh and return None if no
+    store holds a committed bundle.
 
     Args:
+        stores: the run's store, or its tiers (docs/tiers.md) in order of preference: the newest bundle
+            that verifies on any of them is restored, from the first that holds that step on a tie.
         resume_step: restore exactly this step (no fallback); by default the newest that verifies.
         loader_formats: the declarations of every format of the loader state the caller reads (oldest
             first): it is then checked with the other records, before anything is loaded. Without them
@@ -158,15 +176,19 @@ async def restore_run(
             and path — counts as not verifying: it is skipped, or refused with `resume_step`.)
     """
     started = time.perf_counter()
-    entries = await run_blocking(store.entries)  # 1
-    candidates = [e for e in entries if e.state in ("committed", "corrupt", "newer")]
+    tiers = _tiers(stores)
+    listed = [await run_blocking(store.entries) for store in tiers]  # 1
+    candidates = _candidates(tiers, listed)
     if resume_step is None and not candidates:
         phase.start_fresh()
-        logger.info("no committed bundle at %s: starting fresh", store.url)
+        logger.info("no committed bundle at %s: starting fresh", " or ".join(s.url for s in tiers))
         return None
     with staging_dir(staging_root, prefix="rlckpt-restore-") as staging:
         reading = _Reading(expected_rollout_order, tuple(loader_formats))
-        checked, skipped = await _first_that_verifies(store, candidates, staging, reading, resume_step)
+        chosen, checked, skipped = await _first_that_verifies(tiers, listed, candidates, staging, reading, resume_step)
+        store = chosen.store
+        why = _why(chosen, tiers, listed, resume_step)
+        logger.info("resuming step %d from %s: %s", chosen.entry.step, store.url, why)
         step, pieces, run = checked.bundle.step, checked.pieces, checked.run
         phase.begin_restore(step)
         try:
@@ -189,7 +211,47 @@ async def restore_run(
     metadata = {**metadata, layout.META_INDEX_DIGEST: checked.index["digest"]}
     seconds = time.perf_counter() - started
     logger.info("restored step %d (%d groups) in %.2fs", step, len(checked.index["groups"]), seconds)
-    return RestoredRun(step, checked.bundle.manifest, loader_state, checked.index, metadata, seconds, skipped)
+    return RestoredRun(
+        step, checked.bundle.manifest, loader_state, checked.index, metadata, seconds, skipped, store.url, why
+    )
+
+
+def _tiers(stores: BundleStore | Sequence[BundleStore]) -> list[BundleStore]:
+    tiers = [stores] if isinstance(stores, BundleStore) else list(stores)
+    if not tiers:
+        raise ValueError("a restore needs at least one store")
+    return tiers
+
+
+def _candidates(tiers: list[BundleStore], listed: list[list[StoreEntry]]) -> list[_Candidate]:
+    """Every entry a restore may try, newest first and, for one step, in the tiers' order."""
+    found = [
+        _Candidate(store, tier, entry)
+        for tier, (store, entries) in enumerate(zip(tiers, listed, strict=True))
+        for entry in entries
+        if entry.state in ("committed", "corrupt", "newer")
+    ]
+    return sorted(found, key=lambda c: (-c.entry.step, c.tier))
+
+
+def _why(chosen: _Candidate, tiers: list[BundleStore], listed: list[list[StoreEntry]], pinned: int | None) -> str:
+    """Why this tier's bundle is the one restored, in a line: what every other tier holds."""
+    if len(tiers) == 1:
+        return "the step asked for" if pinned is not None else "the newest bundle that verifies"
+    step = chosen.entry.step
+    others = []
+    for tier, (store, entries) in enumerate(zip(tiers, listed, strict=True)):
+        if tier == chosen.tier:
+            continue
+        held = [e.step for e in entries if e.state == "committed"]
+        if step in held and tier < chosen.tier:
+            others.append(f"{store.url} holds it too but its copy does not verify")
+        elif step in held:
+            others.append(f"{store.url} holds it too (the first tier's copy is read on a tie)")
+        else:
+            others.append(f"{store.url} holds {f'up to step {max(held)}' if held else 'no committed bundle'}")
+    what = "the step asked for" if pinned is not None else "the newest bundle that verifies on any tier"
+    return f"{what}; " + "; ".join(others)
 
 
 @dataclass(frozen=True)
@@ -201,57 +263,85 @@ class _Reading:
 
 
 async def _first_that_verifies(
-    store: BundleStore,
-    candidates: list[StoreEntry],
+    tiers: list[BundleStore],
+    listed: list[list[StoreEntry]],
+    candidates: list[_Candidate],
     staging: Path,
     reading: _Reading,
     resume_step: int | None,
-) -> tuple[_CheckedBundle, list[SkippedBundle]]:
+) -> tuple[_Candidate, _CheckedBundle, list[SkippedBundle]]:
     """Steps 1-2 for each candidate, newest first, until one verifies; the newer ones are skipped."""
     if resume_step is not None:
-        return await _pinned(store, candidates, staging, reading, resume_step), []
+        chosen, checked = await _pinned(tiers, listed, staging, reading, resume_step)
+        return chosen, checked, []
     skipped: list[SkippedBundle] = []
-    for entry in reversed(candidates):
+    for candidate in candidates:
+        entry, store = candidate.entry, candidate.store
         try:
             if entry.state == "corrupt":
                 raise CorruptBundleError(entry.detail)
             if entry.state == "newer":  # resuming an older bundle instead would save over this one
                 raise NewerFormatError(entry.detail)
             bundle = await run_blocking(store.open, entry.step)
-            return await _fetch_and_check(bundle, staging, reading), skipped
+            return candidate, await _fetch_and_check(bundle, staging, reading), skipped
         except CorruptBundleError as exc:
             logger.warning(
                 "SKIPPING step %d at %s: it does not verify (%s); trying an older bundle", entry.step, store.url, exc
             )
-            skipped.append(SkippedBundle(entry.step, str(exc)))
+            skipped.append(SkippedBundle(entry.step, str(exc), store.url))
     reasons = "; ".join(f"step {s.step}: {s.reason}" for s in skipped)
+    where = " or ".join(store.url for store in tiers)
     raise CheckpointError(
-        f"no committed bundle at {store.url} verifies ({reasons}); nothing was restored. Move the bundles "
+        f"no committed bundle at {where} verifies ({reasons}); nothing was restored. Move the bundles "
         "aside (or use a new run dir) to start over"
     )
 
 
-def check_resume_step(store: BundleStore, step: int, entries: list[StoreEntry] | None = None) -> Bundle:
-    """The checks of a pinned resume that need no cluster: no newer committed bundle the resumed run
-    would save over, and `step` opens (marker → manifest digest → listing). Its digests are checked
-    when it is fetched. `rlckpt train` runs this before Ray starts, so a wrong step fails in a second.
+def check_resume_step(
+    stores: BundleStore | Sequence[BundleStore], step: int, listed: Sequence[list[StoreEntry]] | None = None
+) -> Bundle:
+    """The checks of a pinned resume that need no cluster: no newer committed bundle on any tier that the
+    resumed run would save over, and `step` opens (marker → manifest digest → listing) on the first tier
+    where it does. Its digests are checked when it is fetched. `rlckpt train` runs this before Ray starts,
+    so a wrong step fails in a second.
 
     Raises:
-        CheckpointError: naming the step, the store and why (also: not a run bundle this rlckpt reads).
+        CheckpointError: naming the step, the stores and why (also: not a run bundle this rlckpt reads).
     """
-    entries = store.entries() if entries is None else entries
-    newer = [e.step for e in entries if e.step > step and e.state in ("committed", "newer")]
-    if newer:
-        raise CheckpointError(
-            f"cannot resume step {step} at {store.url}: newer committed bundles {newer} exist, and the resumed run "
-            "would save over their steps; move them aside or resume in a new run dir"
-        )
-    try:
-        bundle = store.open(step)
-        check_run_bundle(bundle)
-    except (CorruptBundleError, UncommittedBundleError) as exc:
-        raise _does_not_verify(store, step, exc) from exc
-    return bundle
+    return _openings(_tiers(stores), step, listed)[0][1]
+
+
+def _openings(
+    tiers: list[BundleStore], step: int, listed: Sequence[list[StoreEntry]] | None
+) -> list[tuple[int, Bundle]]:
+    """(tier, opened bundle) of `step` on every tier where it opens as a run bundle, in the tiers' order;
+    CheckpointError when there is a newer committed bundle anywhere, or it opens nowhere."""
+    listed = [store.entries() for store in tiers] if listed is None else listed
+    for store, entries in zip(tiers, listed, strict=True):
+        newer = [e.step for e in entries if e.step > step and e.state in ("committed", "newer")]
+        if newer:
+            raise CheckpointError(
+                f"cannot resume step {step} at {store.url}: newer committed bundles {newer} exist, and the resumed "
+                "run would save over their steps; move them aside or resume in a new run dir"
+            )
+    opened: list[tuple[int, Bundle]] = []
+    problems: list[Exception] = []
+    for tier, store in enumerate(tiers):
+        try:
+            bundle = store.open(step)
+            check_run_bundle(bundle)
+        except UncommittedBundleError as exc:
+            if len(tiers) == 1:
+                problems.append(exc)
+            continue
+        except CorruptBundleError as exc:
+            problems.append(exc)
+            continue
+        opened.append((tier, bundle))
+    if not opened:
+        cause = problems[0] if problems else UncommittedBundleError(f"step {step} is on no tier")
+        raise _does_not_verify(tiers, step, cause) from cause
+    return opened
 
 
 def check_run_bundle(bundle: Bundle) -> RunBundle:
@@ -273,18 +363,26 @@ def check_run_bundle(bundle: Bundle) -> RunBundle:
 
 
 async def _pinned(
-    store: BundleStore, candidates: list[StoreEntry], staging: Path, reading: _Reading, step: int
-) -> _CheckedBundle:
-    """`resume_step`: that step or an error, never another one; and no newer bundle it would collide with."""
-    bundle = await run_blocking(check_resume_step, store, step, candidates)
-    try:
-        return await _fetch_and_check(bundle, staging, reading)
-    except (CorruptBundleError, UncommittedBundleError) as exc:
-        raise _does_not_verify(store, step, exc) from exc
+    tiers: list[BundleStore], listed: list[list[StoreEntry]], staging: Path, reading: _Reading, step: int
+) -> tuple[_Candidate, _CheckedBundle]:
+    """`resume_step`: that step, from the first tier where it verifies, or an error, never another step;
+    and no newer bundle it would collide with."""
+    openings = await run_blocking(_openings, tiers, step, listed)
+    problems: list[Exception] = []
+    for tier, bundle in openings:
+        try:
+            checked = await _fetch_and_check(bundle, staging, reading)
+        except (CorruptBundleError, UncommittedBundleError) as exc:
+            problems.append(exc)
+            continue
+        entry = next(e for e in listed[tier] if e.step == step)
+        return _Candidate(tiers[tier], tier, entry), checked
+    raise _does_not_verify(tiers, step, problems[0]) from problems[0]
 
 
-def _does_not_verify(store: BundleStore, step: int, cause: Exception) -> CheckpointError:
-    return CheckpointError(f"cannot resume step {step} at {store.url}: it does not verify ({cause})")
+def _does_not_verify(tiers: list[BundleStore], step: int, cause: Exception) -> CheckpointError:
+    where = " or ".join(store.url for store in tiers)
+    return CheckpointError(f"cannot resume step {step} at {where}: it does not verify ({cause})")
 
 
 async def _fetch_and_check(bundle: Bundle, staging: Path, reading: _Reading) -> _CheckedBundle:

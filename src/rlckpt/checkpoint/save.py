@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -45,7 +46,7 @@ from rlckpt.dataplane.snapshot_metadata import update_snapshot_metadata
 from rlckpt.dataplane.threads import run_blocking
 from rlckpt.errors import CheckpointError, CorruptBundleError
 from rlckpt.replay import GroupRecord, IndexCapture, ReplayBuffer
-from rlckpt.store import BundleStore, BundleTransaction, Digest, Manifest, Receipt
+from rlckpt.store import METRICS_KEY, BundleStore, BundleTransaction, Digest, Manifest, Receipt, Retention
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +115,12 @@ class SaveParticipants:
     rollout_order: str = "in_order"  # the run's (TrainConfig.rollout_order), recorded in the bundle
     staging_root: str | None = None
     compress_data_plane: bool | None = None  # None: zstd on object stores only (see data_plane_compression)
-    keep_last: int | None = None
+    retention: Retention | None = None  # after each commit (None, or no rule: keep all)
+    # Steps retention must keep besides its rules, asked (in retention's thread) at each retention: a
+    # two-tier run's bundles not yet replicated (tiers.replication_holds)
+    retention_holds: Callable[[], Mapping[int, str]] | None = None
+    # The run's numbers at the step saved (reward, loss), recorded in the manifest for retention by metric
+    metrics: Callable[[], Mapping[str, float]] | None = None
     extra_metadata: Mapping[str, Any] = field(default_factory=dict)
     before_commit: SaveHook | None = None
     row_copier: RowCopier | None = None  # for pinned saves: copies the captured rows into the transaction
@@ -270,10 +276,10 @@ class PendingSave:
             raise
 
     async def retain(self) -> None:
-        """Retention (``keep_last``) after the commit; it never un-commits the save. Separate from
-        ``commit`` so a run that must stop within a grace period bounds the commit, not the clean-up."""
-        if self.parts.keep_last:
-            await _retain(self.parts.store, self.parts.keep_last)
+        """Retention after the commit; it never un-commits the save. Separate from ``commit`` so a run that
+        must stop within a grace period bounds the commit, not the clean-up."""
+        if self.parts.retention is not None and self.parts.retention.deletes:
+            await _retain(self.parts.store, self.parts.retention, self.parts.retention_holds)
 
     async def fail(self, cause: BaseException) -> None:
         """Drop what the foreground holds (pins, staging dir, the staged policy) and abort the transaction,
@@ -314,6 +320,8 @@ class PendingSave:
             layout.META_UPLOAD_TIMING: self.upload_timing,
             "data_plane": dp.dp_metadata,
         }
+        if parts.metrics is not None:
+            metadata[METRICS_KEY] = dict(parts.metrics())
         _check_metadata(step, metadata)
         if parts.before_commit is not None:
             await parts.before_commit(step)
@@ -604,11 +612,19 @@ async def _abort(txn: BundleTransaction, step: int, cause: BaseException) -> Non
         logger.warning("abort of step %d failed; `rlckpt gc` will remove its debris", step, exc_info=True)
 
 
-async def _retain(store: BundleStore, keep_last: int) -> None:
+async def _retain(store: BundleStore, retention: Retention, holds: Callable[[], Mapping[int, str]] | None) -> None:
     """Retention after a successful commit; a failure here never un-commits the save. It reads the
-    kept bundles in full (only bundles that verify count), in RETENTION_WORKERS threads of the
-    controller's process, beside the rollout path."""
+    bundles its rules count in full (only bundles that verify count), in RETENTION_WORKERS threads of
+    the controller's process, beside the rollout path. When `holds` cannot say what must be kept (the
+    remote tier is unreachable), nothing is deleted this time."""
+
+    def retain() -> None:
+        held = dict(holds()) if holds is not None else {}
+        store.gc(
+            retention=dataclasses.replace(retention, holds={**retention.holds, **held}), max_workers=RETENTION_WORKERS
+        )
+
     try:
-        await run_blocking(functools.partial(store.gc, keep_last=keep_last, max_workers=RETENTION_WORKERS))
+        await run_blocking(retain)
     except Exception:  # logged, not raised: the save itself succeeded
-        logger.warning("retention (keep_last=%d) failed; the new bundle is committed", keep_last, exc_info=True)
+        logger.warning("retention (%s) failed; the new bundle is committed", retention, exc_info=True)

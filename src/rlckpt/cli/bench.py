@@ -217,6 +217,12 @@ def _add_save(sub: Any) -> None:
         action="store_true",
         help="measure train-pump downtime per save, synchronous vs async, against policy staging time",
     )
+    p.add_argument(
+        "--two-tier",
+        action="store_true",
+        help="measure two tiers (docs/tiers.md): downtime with replication beside the save vs local only and "
+        "straight to S3, and the lag from local commit to remote commit",
+    )
     p.add_argument("--quick", action="store_true", help="tiny run for a smoke test: 2 MiB, 1 repeat, no first-step run")
     _common_bench_args(p)
     p.set_defaults(func=run_save)
@@ -494,6 +500,8 @@ def run_save(args: argparse.Namespace) -> int:
 
     if args.async_saves:
         return run_save_downtime(args)
+    if args.two_tier:
+        return run_save_two_tier(args)
 
     from rlckpt.bench.first_step import measure_first_step
     from rlckpt.bench.harness import private_transfer_queue, run_metadata
@@ -584,6 +592,47 @@ def run_save_downtime(args: argparse.Namespace) -> int:
     (out / "save_downtime.md").write_text(f"Command: `{meta['command']}` ({meta['date_utc']})\n\n" + markdown)
     print(markdown)
     print(f"wrote {out}/save_downtime.json, .md", file=sys.stderr)
+    return _common.EXIT_OK
+
+
+def run_save_two_tier(args: argparse.Namespace) -> int:
+    from rlckpt.bench.harness import private_transfer_queue, run_metadata
+    from rlckpt.bench.report import write_json
+    from rlckpt.bench.save_downtime import DowntimeConfig
+    from rlckpt.bench.two_tiers import run_two_tiers, two_tier_document, two_tier_table
+    from rlckpt.checkpoint.row_copy import start_ray_row_copier
+    from rlckpt.controller.connect import ConnectOnlyDataPlane
+    from rlckpt.testing.tq import connect_client, reset_tq_state
+
+    _check_destinations(args)
+    if set(args.destinations) != {"local", "s3"} and args.rgw_endpoint is None:
+        raise SystemExit("rlckpt bench save --two-tier: needs --destinations local,s3 (the two tiers)")
+    config = DowntimeConfig(
+        size_mib=2.0 if args.quick else args.size,
+        policy_mib=2.0 if args.quick else args.policy_mib,
+        repeats=1 if args.quick else args.repeats,
+        staging_root=args.staging_dir,
+        compress=False if args.no_compress else None,
+    )
+    meta = run_metadata(_command_line())
+    print("rlckpt bench save --two-tier: starting Ray + TransferQueue ...", file=sys.stderr)
+    with private_transfer_queue(), _destinations(args) as dests:
+        local = next(d for d in dests.destinations if not d.is_s3)
+        remote = next(d for d in reversed(dests.destinations) if d.is_s3)  # RGW when given, else moto
+        reset_tq_state()
+        copier = start_ray_row_copier(ConnectOnlyDataPlane())
+        try:
+            result = run_two_tiers(
+                connect_client(), config, local, remote, copier, lambda line: print(f"  {line}", file=sys.stderr)
+            )
+        finally:
+            reset_tq_state()
+    out = Path(args.out_dir)
+    write_json(out / "save_two_tier.json", two_tier_document(result, config, meta))
+    markdown = two_tier_table(result)
+    (out / "save_two_tier.md").write_text(f"Command: `{meta['command']}` ({meta['date_utc']})\n\n" + markdown)
+    print(markdown)
+    print(f"wrote {out}/save_two_tier.json, .md", file=sys.stderr)
     return _common.EXIT_OK
 
 

@@ -1,4 +1,5 @@
-"""`rlckpt gc URL`: remove what crashed writers left and, with --keep-last, old committed bundles."""
+"""`rlckpt gc URL`: remove what crashed writers left and, with retention flags, old committed bundles (the
+same flags as `rlckpt train`; with --replicated-to, never a bundle that remote tier does not hold yet)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import argparse
 import dataclasses
 from typing import Any
 
-from rlckpt.cli import _common
+from rlckpt.cli import _common, retention_args
+from rlckpt.errors import StoreConfigError
 
 EPILOG = """\
 examples:
@@ -14,9 +16,14 @@ examples:
   rlckpt gc /data/run1                       # remove debris of crashed writers only
   rlckpt gc s3://bucket/run1 --keep-last 3   # ... and all but the 3 newest committed bundles
   rlckpt gc /data/run1 --stale-after 600     # treat transactions older than 10 min as dead
+  rlckpt gc /nvme/run1 --keep-last 2 --keep-best 3 --metric reward --replicated-to s3://bucket/run1
+                                             # ... and never a bundle S3 does not hold yet
 
-gc never removes the newest committed bundle, and never a transaction that is still live
-(its writer runs on this host, or it started less than --stale-after seconds ago).
+A bundle goes when no rule keeps it (--keep-last, --keep-every, --keep-best; none: no committed
+bundle goes). gc never removes the newest committed bundle that verifies, nor one that fails a check,
+nor a transaction that is still live (its writer runs on this host, or it started less than
+--stale-after seconds ago); with --replicated-to, nor a bundle newer than the remote tier's newest or
+being copied there (read from the remote store).
 """
 
 
@@ -26,15 +33,26 @@ def add_parser(subparsers: Any) -> None:
         help="remove debris of crashed writers and old bundles",
         description=(
             "Garbage-collect a store: staging dirs, partial prefixes and incomplete multipart\n"
-            "uploads left by crashed writers and, with --keep-last, committed bundles beyond\n"
-            "the newest K."
+            "uploads left by crashed writers and, with retention flags, committed bundles no\n"
+            "rule keeps."
         ),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _common.add_common_arguments(parser)
+    retention_args.add_retention_arguments(parser)
     parser.add_argument(
-        "--keep-last", type=_positive_int, metavar="K", help="keep only the K newest committed bundles (K >= 1)"
+        "--replicated-to",
+        default=None,
+        metavar="URL",
+        help="the run's remote tier: keep every bundle it does not hold yet (docs/tiers.md)",
+    )
+    parser.add_argument(
+        "--replicated-storage-options",
+        type=_common.storage_options_arg,
+        default=None,
+        metavar="JSON",
+        help="fsspec options of --replicated-to, as --storage-options",
     )
     parser.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
     parser.add_argument(
@@ -45,16 +63,6 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the gc report as JSON")
     parser.set_defaults(func=run)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def _non_negative_float(text: str) -> float:
@@ -81,8 +89,10 @@ def describe(record: dict[str, Any]) -> list[str]:
     lines += [f"{verb} incomplete upload {name(key)}" for key in record["aborted_uploads"]]
     if len(lines) == 0:
         lines.append("nothing to remove")
-    if record["kept_steps"]:
+    why = record.get("kept_reasons", {})
+    if record["kept_steps"] and not why:
         lines.append("kept committed steps: " + ", ".join(str(s) for s in record["kept_steps"]))
+    lines += [f"kept committed step {step}: {name(why[step])}" for step in record["kept_steps"] if step in why]
     lines += [f"left alone live transaction {name(txid)}" for txid in record["live"]]
     reasons = record.get("corrupt_reasons", {})
     lines += [
@@ -95,9 +105,25 @@ def describe(record: dict[str, Any]) -> list[str]:
     return lines
 
 
+def retention(args: argparse.Namespace, store: Any) -> Any:
+    """The store.Retention of the flags; with --replicated-to, holding what that tier does not have yet."""
+    from rlckpt.store import BundleStore, Retention
+    from rlckpt.tiers import replication_holds
+
+    try:
+        rules = Retention(**retention_args.retention_fields(args), **retention_args.metric_fields(args))
+    except ValueError as exc:
+        raise StoreConfigError(f"{exc} (see rlckpt gc --help)") from None
+    if args.replicated_to is None:
+        return rules
+    remote = BundleStore(args.replicated_to, args.replicated_storage_options, verify_key=_common.verify_key(args))
+    return dataclasses.replace(rules, holds=replication_holds(store, remote))
+
+
 def run(args: argparse.Namespace) -> int:
     store = _common.open_store(args)
-    record = report_record(store.gc(keep_last=args.keep_last, dry_run=args.dry_run, stale_after=args.stale_after))
+    rules = retention(args, store)
+    record = report_record(store.gc(retention=rules, dry_run=args.dry_run, stale_after=args.stale_after))
     if args.json:
         _common.print_json({"url": args.url, **record})
     else:

@@ -1,4 +1,5 @@
-"""`rlckpt ls URL`: every step-like thing in a store with its state, size, file count and creation time."""
+"""`rlckpt ls URL`: every step-like thing in a store with its state, size, file count and creation time; with
+--replicated-to, a two-tier run's both tiers side by side (docs/tiers.md)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ examples:
   rlckpt ls /data/run1
   rlckpt ls s3://bucket/run1 --storage-options '{"endpoint_url": "http://127.0.0.1:7480"}'
   rlckpt ls /data/run1 --json | jq '.[] | select(.state == "committed") | .step'
+  rlckpt ls /nvme/run1 --replicated-to s3://bucket/run1   # both tiers: local, remote, lag
 
 Only bundles in state "committed" are ever resumed; the others are what a crashed or running
 writer left and `rlckpt gc` cleans up. SIGNATURE is signed, unsigned or bad: with --verify-key
@@ -37,6 +39,19 @@ def add_parser(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _common.add_common_arguments(parser)
+    parser.add_argument(
+        "--replicated-to",
+        default=None,
+        metavar="URL",
+        help="the run's remote tier: show both tiers side by side (local state, remote state, lag)",
+    )
+    parser.add_argument(
+        "--replicated-storage-options",
+        type=_common.storage_options_arg,
+        default=None,
+        metavar="JSON",
+        help="fsspec options of --replicated-to, as --storage-options",
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON list of records instead of a table")
     parser.set_defaults(func=run)
 
@@ -80,8 +95,89 @@ def render(records: list[dict[str, Any]]) -> str:
     return _common.render_table(headers, rows, right_align={0, 3, 4})
 
 
+def tier_records(rows: list[Any]) -> list[dict[str, Any]]:
+    """Both tiers' rows as plain dicts (the --json form of --replicated-to)."""
+    return [
+        {
+            "step": row.step,
+            "local": None if row.local is None else entry_record(row.local),
+            "remote": None if row.remote is None else entry_record(row.remote),
+            "lag_s": row.lag_s,
+        }
+        for row in rows
+    ]
+
+
+def render_tiers(records: list[dict[str, Any]]) -> str:
+    """The two-tier table: a step's state on each tier, its size, its local creation time and the seconds
+    from its local COMMIT to its remote one."""
+
+    def state(entry: dict[str, Any] | None) -> str:
+        return "-" if entry is None else str(entry.get("state"))
+
+    rows = []
+    for r in records:
+        either = r["local"] or r["remote"] or {}
+        detail = " / ".join(str(e["detail"]) for e in (r["local"], r["remote"]) if e and e.get("detail"))
+        lag = "-" if r["lag_s"] is None else f"{r['lag_s']:.1f}s"
+        rows.append(
+            [
+                str(r["step"]),
+                state(r["local"]),
+                state(r["remote"]),
+                _common.format_size(either.get("size")),
+                _common.format_time(either.get("created")),
+                lag,
+                detail,
+            ]
+        )
+    headers = ["STEP", "LOCAL", "REMOTE", "SIZE", "CREATED (UTC)", "LAG", "DETAIL"]
+    return _common.render_table(headers, rows, right_align={0, 3, 5})
+
+
+def lag_line(lag: Any, remote_url: str) -> str:
+    """One line: how far the remote tier is behind the local one."""
+    where = _common.printable(remote_url)
+    if not lag.not_replicated:
+        return f"remote tier {where} holds the newest local bundle (step {lag.local_newest})"
+    held = "no committed bundle" if lag.remote_newest is None else f"up to step {lag.remote_newest}"
+    steps = ", ".join(str(s) for s in lag.not_replicated)
+    return f"remote tier {where} holds {held}; not replicated yet: step(s) {steps}"
+
+
+def run_tiers(args: argparse.Namespace, local: Any) -> int:
+    from rlckpt.tiers.status import side_by_side
+
+    remote_args = argparse.Namespace(
+        url=args.replicated_to,
+        storage_options=args.replicated_storage_options,
+        verify_key=getattr(args, "verify_key", None),
+    )
+    remote = _common.open_store(remote_args)
+    rows, lag = side_by_side(local, remote)
+    records = tier_records(rows)
+    if args.json:
+        _common.print_json(
+            {
+                "local": args.url,
+                "remote": args.replicated_to,
+                "steps": records,
+                "local_newest": lag.local_newest,
+                "remote_newest": lag.remote_newest,
+                "not_replicated": lag.not_replicated,
+            }
+        )
+        return _common.EXIT_OK
+    if records:
+        print(render_tiers(records))
+    print(lag_line(lag, args.replicated_to))
+    return _common.EXIT_OK
+
+
 def run(args: argparse.Namespace) -> int:
     store = _common.open_store(args)
+    if args.replicated_to is not None:
+        return run_tiers(args, store)
     checked = store.verify_key is not None
     records = [entry_record(e, checked) for e in store.entries(metadata_keys=(META_FORMAT,))]
     if args.json:

@@ -11,7 +11,7 @@ import tempfile
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from rlckpt.cli import _common, train_stop
+from rlckpt.cli import _common, retention_args, train_stop
 from rlckpt.errors import FinalSaveAbortedError
 
 if TYPE_CHECKING:
@@ -29,8 +29,15 @@ examples:
   rlckpt train --run-dir /nvme/run1 --steps 16            # resumes from the newest committed bundle
   rlckpt train --run-dir s3://bucket/run1 --steps 8 --json \\
       --storage-options '{"endpoint_url": "http://127.0.0.1:9000"}'
+  rlckpt train --run-dir /nvme/run1 --steps 100 --save-every 5 --keep-last 2 \\
+      --replicate-to s3://bucket/run1 --replicate-every 2 --replica-keep-best 3 --metric reward
+                  # saves at NVMe speed; every 2nd bundle is copied to S3 in the background
   rlckpt train --run-dir s3://bucket/run1 --trainer-ranks 4 --ray-address 10.0.0.1:6379 \\
       --trainer-resources '{"trainer_slot": 1}'   # on a cluster: one rank per node with that resource
+
+With --replicate-to, a resume takes the newest bundle that verifies on either tier (the local one on
+a tie): a fresh machine with an empty --run-dir resumes from the remote tier. Local retention never
+deletes a bundle the remote tier does not hold yet.
 
 --steps is the total to reach, across resumes: a run at step 4 with --steps 8 trains 4 more.
 --signing-key signs every bundle's COMMIT (only the controller holds the key; trainer ranks never
@@ -111,13 +118,29 @@ def add_parser(subparsers: Any) -> None:
             "verifies; newer ones that do not are skipped and reported)"
         ),
     )
-    parser.add_argument(
-        "--keep-last",
-        type=_positive,
+    retention_args.add_retention_arguments(parser)
+    tiers = parser.add_argument_group("two tiers (docs/tiers.md)")
+    tiers.add_argument(
+        "--replicate-to",
         default=None,
-        metavar="K",
-        help="after each commit keep only the K newest bundles (default: keep all)",
+        metavar="URL",
+        help="replicate committed bundles in the background to this remote tier (e.g. s3://bucket/run1)",
     )
+    tiers.add_argument(
+        "--replicate-every",
+        type=retention_args.positive_int,
+        default=1,
+        metavar="K",
+        help="replicate every K-th save (and the last one; default: every save)",
+    )
+    tiers.add_argument(
+        "--replicate-storage-options",
+        type=_common.storage_options_arg,
+        default=None,
+        metavar="JSON",
+        help="fsspec options of the remote tier, as --storage-options",
+    )
+    retention_args.add_retention_arguments(tiers, prefix="replica-", tier="remote tier")
     parser.add_argument(
         "--staging-dir",
         default=None,
@@ -298,28 +321,37 @@ def run(
             "and a resume with that verify key will not read them",
             file=sys.stderr,
         )
-    config = TrainConfig(
-        run_dir=args.run_dir,
-        steps=args.steps,
-        save_every=args.save_every,
-        rollout_order=args.mode,
-        max_staleness=args.max_staleness,
-        fresh=args.fresh,
-        resume_step=args.resume_step,
-        storage_options=args.storage_options,
-        keep_last=args.keep_last,
-        staging_dir=args.staging_dir,
-        save_failure=args.save_failure,
-        upload_timing=args.upload_timing,
-        async_saves=not args.sync_saves,
-        compress_data_plane={"auto": None, "zstd": True, "none": False}[args.compress],
-        trainer_ranks=args.trainer_ranks,
-        trainer_resources=args.trainer_resources,
-        save_by=args.save_by,
-        grace_s=args.grace_seconds,
-        signing_key=signing_key,
-        verify_key=verify_key,
-    )
+    try:
+        config = TrainConfig(
+            run_dir=args.run_dir,
+            steps=args.steps,
+            save_every=args.save_every,
+            rollout_order=args.mode,
+            max_staleness=args.max_staleness,
+            fresh=args.fresh,
+            resume_step=args.resume_step,
+            storage_options=args.storage_options,
+            **retention_args.retention_fields(args),
+            **retention_args.metric_fields(args),
+            replicate_to=args.replicate_to,
+            replicate_storage_options=args.replicate_storage_options,
+            replicate_every=args.replicate_every,
+            **retention_args.retention_fields(args, prefix="replica-"),
+            staging_dir=args.staging_dir,
+            save_failure=args.save_failure,
+            upload_timing=args.upload_timing,
+            async_saves=not args.sync_saves,
+            compress_data_plane={"auto": None, "zstd": True, "none": False}[args.compress],
+            trainer_ranks=args.trainer_ranks,
+            trainer_resources=args.trainer_resources,
+            save_by=args.save_by,
+            grace_s=args.grace_seconds,
+            signing_key=signing_key,
+            verify_key=verify_key,
+        )
+    except ValueError as exc:  # flags argparse cannot check one by one (--metric without --keep-best, ...)
+        print(f"rlckpt train: error: {_common.printable(exc)} (see rlckpt train --help)", file=sys.stderr)
+        return _common.EXIT_USAGE
     store = check_start(config)  # a wrong --resume-step or --fresh fails here, before Ray and TQ take ≈20 s to start
     ray_dir = _start_ray(args)
     sigterm = train_stop.SigtermHandler(args.on_sigterm, args.grace_seconds)
@@ -341,8 +373,8 @@ def run(
             )
         if controller.restored:
             print(
-                f"rlckpt train: resumed step {start} from {_common.printable(controller.store.url)} "
-                f"({controller.restored.seconds:.1f}s)",
+                f"rlckpt train: resumed step {start} from {_common.printable(controller.restored.url)} "
+                f"({controller.restored.seconds:.1f}s): {_common.printable(controller.restored.why)}",
                 file=sys.stderr,
             )
         bar = tqdm(total=config.steps, initial=start, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
@@ -361,6 +393,18 @@ def run(
                 bar.write(
                     f"  saved step {event['saved']}: {event['save_s']:.2f}s{downtime}, "
                     f"window {event['window_s'] * 1e3:.1f} ms, max rollout stall {event['stall_max_s'] * 1e3:.1f} ms",
+                    file=sys.stderr,
+                )
+            elif event.get("event") == "replicated":
+                bar.write(
+                    f"  replicated step {event['step']} to {_common.printable(str(config.replicate_to))}: "
+                    f"{event['lag_s']:.2f}s after its local commit",
+                    file=sys.stderr,
+                )
+            elif event.get("event") == "replication_failed":
+                bar.write(
+                    f"  replication of step {event['step']} FAILED (retried with the next replicated save): "
+                    f"{_common.printable(event['error'])}",
                     file=sys.stderr,
                 )
             elif "save_error" in event:
@@ -391,6 +435,7 @@ def run(
         "run_dir": config.run_dir,
         "rollout_order": config.rollout_order,
         "skipped_bundles": [asdict(bundle) for bundle in skipped],
+        "restored_from": controller.restored.url if controller is not None and controller.restored else None,
         "final_save_aborted": False,
         "run_id": run_id,
         "signing_key_id": signing_key.key_id if signing_key else None,  # its id: never the key itself

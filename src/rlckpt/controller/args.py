@@ -14,6 +14,7 @@ from rlckpt.controller.handles import Generator, Trainer
 from rlckpt.controller.loop import GenerateHook
 from rlckpt.controller.loop_state import LoopState
 from rlckpt.grpo import DigitSumTask, PromptLoader
+from rlckpt.tiers import Replicator
 
 
 @dataclass
@@ -46,3 +47,4 @@ class ControllerArgs:
     before_commit: SaveHook | None = None  # must be picklable to reach the actor
     row_copier: RowCopier | None = None  # pinned saves: copies the captured rows (a Ray actor's handle)
     before_generate: GenerateHook | None = None  # must be picklable to reach the actor
+    replicator: Replicator | None = None  # two tiers: copies committed bundles to the remote (a Ray actor's handle)

@@ -58,6 +58,7 @@ async def assemble_controller(
         row_copier=args.row_copier,
         before_generate=args.before_generate,
         clock=clock,
+        replicator=args.replicator,
     )
 
 

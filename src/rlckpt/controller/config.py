@@ -9,12 +9,15 @@ from rlckpt.checkpoint.save import UploadTiming
 from rlckpt.controller.capacity import check_rank_resources
 from rlckpt.dataplane.tq_client import DEFAULT_TQ_CONFIG
 from rlckpt.grpo import GRPOConfig
-from rlckpt.store import BundleStore, SigningKey, VerifyKey
+from rlckpt.store import BundleStore, Retention, SigningKey, VerifyKey
+from rlckpt.tiers import ReplicationConfig
 
 # How rollouts feed the trainer (`rlckpt train --mode`): in_order trains step k on the groups generated
 # with weights k (deterministic); async lets generation run ahead with bounded staleness.
 RolloutOrder = Literal["in_order", "async"]
 SaveFailure = Literal["stop", "continue"]
+# What each save records in its manifest (`metrics`), for retention by metric (--keep-best K --metric NAME).
+RUN_METRICS = ("reward", "loss")
 
 
 @dataclass
@@ -29,7 +32,20 @@ class TrainConfig:
     fresh: bool = False
     resume_step: int | None = None  # resume exactly this bundle (default: the newest that verifies)
     storage_options: dict[str, Any] | None = None
-    keep_last: int | None = None  # retention after each commit (None: keep all)
+    # Retention of the run dir (the local tier) after each commit; none of them: keep all (store/retention.py)
+    keep_last: int | None = None
+    keep_every: int | None = None  # keep every bundle whose step is a multiple of this, forever
+    keep_best: int | None = None  # keep the K best by `metric` (one of RUN_METRICS)
+    metric: str | None = None
+    lower_is_better: bool = False
+    # Two tiers (docs/tiers.md): replicate every `replicate_every`-th save period's bundle (and the last) to
+    # this URL in the background; the remote tier keeps what its own rules keep (same metric)
+    replicate_to: str | None = None
+    replicate_storage_options: dict[str, Any] | None = None
+    replicate_every: int = 1
+    replica_keep_last: int | None = None
+    replica_keep_every: int | None = None
+    replica_keep_best: int | None = None
     staging_dir: str | None = None  # local staging for snapshots (default: tmpfs when available)
     save_failure: SaveFailure = "stop"
     # pinned: the window holds only the index capture; staged/inline: TransferQueue's own snapshot in it
@@ -82,6 +98,44 @@ class TrainConfig:
             raise ValueError(f"save_failure must be 'stop' or 'continue', got {self.save_failure!r}")
         if self.trainer_resources is not None:  # what Ray would refuse only once the ranks start
             self.trainer_resources = check_rank_resources(self.trainer_resources)
+        if self.metric is not None and self.metric not in RUN_METRICS:
+            raise ValueError(f"metric must be one the run records ({', '.join(RUN_METRICS)}), got {self.metric!r}")
+        if self.metric is not None and self.keep_best is None and self.replica_keep_best is None:
+            raise ValueError(f"metric {self.metric!r} is for keep_best (or replica_keep_best), and neither is given")
+        _ = self.retention, self.replication  # malformed rules are refused now, not at the first save
+        if self.replication is None and (self.replica_keep_last or self.replica_keep_every or self.replica_keep_best):
+            raise ValueError("retention rules of the remote tier need a remote tier (replicate_to)")
+
+    @property
+    def retention(self) -> Retention:
+        """The local tier's retention rules (none given: nothing is deleted)."""
+        return Retention(
+            keep_last=self.keep_last,
+            keep_every=self.keep_every,
+            keep_best=self.keep_best,
+            metric=self.metric if self.keep_best is not None else None,
+            lower_is_better=self.lower_is_better,
+        )
+
+    @property
+    def replication(self) -> ReplicationConfig | None:
+        """The remote tier, when the run has one."""
+        if self.replicate_to is None:
+            return None
+        rules = Retention(
+            keep_last=self.replica_keep_last,
+            keep_every=self.replica_keep_every,
+            keep_best=self.replica_keep_best,
+            metric=self.metric if self.replica_keep_best is not None else None,
+            lower_is_better=self.lower_is_better,
+        )
+        return ReplicationConfig(
+            self.replicate_to,
+            self.replicate_storage_options,
+            every=self.replicate_every,
+            retention=rules,
+            verify_key=self.verify_key,
+        )
 
     def store(self) -> BundleStore:
         """The run's store, with the run's keys: the one way the driver and the controller open it."""

@@ -25,9 +25,10 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -43,6 +44,7 @@ from rlckpt.errors import CheckpointError, FinalSaveAbortedError, SaveFailedErro
 from rlckpt.grpo import DigitSumTask, PromptLoader, TrainBatch, grouped_advantages, weights_sha256
 from rlckpt.replay import GroupRecord, ReplayBuffer
 from rlckpt.store import BundleStore
+from rlckpt.tiers import ReplicationQueue, Replicator, replication_holds
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +71,8 @@ class RunSummary:
     start_policy_sha256: str = ""  # the weights the run started from (after a restore: as loaded)
     stop_reason: StopReason = "completed"
     last_committed_step: int | None = None  # the resume point the run leaves (None: no bundle)
+    replicated: list[int] = field(default_factory=list)  # steps this run replicated to the remote tier
+    replication_failed: dict[int, str] = field(default_factory=dict)  # steps whose replication failed, and why
 
 
 class ControllerLoop:
@@ -91,6 +95,7 @@ class ControllerLoop:
         row_copier: RowCopier | None = None,
         before_generate: GenerateHook | None = None,
         clock: Callable[[], float] = time.time,
+        replicator: Replicator | None = None,
     ) -> None:
         self.config = config
         self.task = task
@@ -106,7 +111,10 @@ class ControllerLoop:
         self.trained_draws: list[int] = []
         self.saves: list[SaveReport] = []
         self.last_reward: float | None = None
+        self.last_loss: float | None = None
         self._progress = asyncio.Condition()
+        self.replication = self._replication(replicator)
+        self.remote = None if config.replication is None else config.replication.remote_store()
         self.save_parts = SaveParticipants(
             store=store,
             policy=trainer,
@@ -114,8 +122,10 @@ class ControllerLoop:
             capture_loader_state=lambda: self.state.to_state(self.loader),
             rollout_order=config.rollout_order,
             staging_root=config.staging_dir,
-            compress_data_plane=config.compress_data_plane,
-            keep_last=config.keep_last,
+            compress_data_plane=self._compress_data_plane(),
+            retention=config.retention,
+            retention_holds=self._replication_holds(),
+            metrics=self._metrics,
             extra_metadata={
                 "task": repr(task),
                 "steps_target": config.steps,
@@ -137,6 +147,56 @@ class ControllerLoop:
         self._stop_requested = asyncio.Event()
         self._grace_at: float | None = None  # event-loop time by which the stop must be done
         self._grace: asyncio.Timeout | None = None  # run()'s; rescheduled when a stop is requested
+
+    def _replication(self, replicator: Replicator | None) -> ReplicationQueue | None:
+        """The queue of replications to the remote tier, when the run has one (docs/tiers.md)."""
+        if self.config.replicate_to is None:
+            return None
+        if replicator is None:
+            raise CheckpointError(f"the run replicates to {self.config.replicate_to} but was given no replicator")
+        return ReplicationQueue(replicator, remote_url=self.config.replicate_to, on_event=self.on_event)
+
+    def _replication_holds(self) -> Callable[[], dict[int, str]] | None:
+        """What local retention keeps while replication is on: read from the remote store at each retention
+        (in retention's thread), with the steps in flight or waiting here."""
+        local, remote, queue = self.store, self.remote, self.replication
+        if remote is None or queue is None:
+            return None
+        return lambda: replication_holds(local, remote, pending=queue.pending())
+
+    def _compress_data_plane(self) -> bool | None:
+        """zstd for the data plane's files as asked; by default where they end up on an object store: the run
+        dir's store, or the remote tier's (a replica carries the bytes as stored: docs/tiers.md)."""
+        if self.config.compress_data_plane is None and self.remote is not None and not self.remote.is_local:
+            return True
+        return self.config.compress_data_plane
+
+    def _metrics(self) -> dict[str, float]:
+        """The numbers each save records in its manifest (controller.config.RUN_METRICS), once known."""
+        values = {"reward": self.last_reward, "loss": self.last_loss}
+        return {name: float(value) for name, value in values.items() if value is not None and math.isfinite(value)}
+
+    def _replicate_if_due(self, step: int, last: bool) -> None:
+        """After a local commit: replicate it when it is due (every K-th save period, and the last save)."""
+        replication = self.config.replication
+        if (
+            self.replication is not None
+            and replication is not None
+            and replication.due(step, self.config.save_every, last)
+        ):
+            self.replication.submit(step)
+
+    async def _wait_for_replication(self) -> None:
+        """At the end of the run: the replication in flight (and the one waiting) finishes first, so the remote
+        tier holds the run's last state. A run that is stopping waits only within its grace period."""
+        if self.replication is None or not self.replication.pending():
+            return
+        logger.info(
+            "waiting for the replication of step(s) %s to %s",
+            sorted(self.replication.pending()),
+            self.config.replicate_to,
+        )
+        await self.replication.drain()
 
     # --- the run ---------------------------------------------------------------------------------
 
@@ -176,6 +236,8 @@ class ControllerLoop:
             await self._abort_save_in_flight()  # only when stopped early: nothing half-committed is left
             rollout.cancel()
             await asyncio.gather(rollout, return_exceptions=True)
+            if self.replication is not None:
+                await self.replication.close()  # a copy not committed by now stays uncommitted
         return RunSummary(
             step=self.state.step,
             policy_sha256=await self.trainer.policy_sha256(),
@@ -189,6 +251,8 @@ class ControllerLoop:
             start_policy_sha256=start_sha,
             stop_reason=self._stop.reason if self._stop and self.state.step < self.config.steps else "completed",
             last_committed_step=self._committed_step,
+            replicated=list(self.replication.replicated) if self.replication else [],
+            replication_failed=dict(self.replication.failed) if self.replication else {},
         )
 
     # --- stopping early ----------------------------------------------------------------------------
@@ -218,6 +282,7 @@ class ControllerLoop:
         when one is needed (never twice: a save in flight of the step reached is the final save)."""
         if self._stop is None or self.state.step >= self.config.steps:
             await self._join_save_in_flight()
+            await self._wait_for_replication()
             return
         await self._finish_save_in_flight_if_it_fits()
         if self._final_save_needed():
@@ -225,6 +290,7 @@ class ControllerLoop:
         logger.warning(
             "stopped (%s) at step %d; resume point: %s", self._stop.reason, self.state.step, self._committed_step
         )
+        await self._wait_for_replication()  # within the grace period: the local tier holds the resume point
 
     async def _finish_save_in_flight_if_it_fits(self) -> None:
         """The save in flight is finished first if the final save still has its estimated time in the
@@ -260,7 +326,7 @@ class ControllerLoop:
         except Exception as exc:
             logger.error("final save of step %d failed: %s: %s", step, type(exc).__name__, exc)
             raise SaveFailedError(f"final save of step {step} to {self.store.url} failed: {exc}") from exc
-        saved = self._committed(report, waits_before)
+        saved = self._committed(report, waits_before, last=True)
         self.on_event({"event": "save", "step": step, "reward": self.last_reward, **saved})
         await pending.retain()
 
@@ -396,6 +462,7 @@ class ControllerLoop:
                 self.gen_version = version
                 self._progress.notify_all()
             self.last_reward = metrics["mean_reward"]
+            self.last_loss = metrics["loss"]
             event = {"event": "step", "step": version, "reward": metrics["mean_reward"], "loss": metrics["loss"]}
             if version % cfg.save_every == 0 or version == cfg.steps:
                 event.update(await self._save(version))
@@ -464,7 +531,8 @@ class ControllerLoop:
             report = await self._commit(pending)
         except Exception as exc:
             return self._save_failed(step, exc)
-        result = self._committed(report, waits_before)  # before retention: a stop may end the run during it
+        # recorded before retention: a stop may end the run during it
+        result = self._committed(report, waits_before, last=step == self.config.steps)
         await pending.retain()
         return result
 
@@ -478,11 +546,13 @@ class ControllerLoop:
                 self._committed_step = pending.step
             raise
 
-    def _committed(self, report: SaveReport, waits_before: int) -> dict[str, Any]:
-        """Record a committed save (the run's resume point, and the next save's estimate); its event fields."""
+    def _committed(self, report: SaveReport, waits_before: int, last: bool = False) -> dict[str, Any]:
+        """Record a committed save (the run's resume point, and the next save's estimate) and replicate it when
+        due (`last`: the run's last save); its event fields."""
         self.saves.append(report)
         self._committed_step = report.step
         self._save_times.record(report.total_s)
+        self._replicate_if_due(report.step, last)
         waits = self.replay.barrier.stats().mutation_waits[waits_before:]
         return {
             "saved": report.step,

@@ -29,12 +29,14 @@ from rlckpt.controller.connect import connect_only_data_plane, replay_buffer_spe
 from rlckpt.controller.handles import GeneratorHandle
 from rlckpt.controller.loop import GenerateHook, RunSummary
 from rlckpt.controller.loop_state import LOADER_STATE_FORMATS, LoopState
+from rlckpt.controller.replication import start_ray_replicator
 from rlckpt.controller.stopping import StopRequest
 from rlckpt.controller.trainer_rank import SavePlannerFactory
 from rlckpt.controller.trainer_side import TrainerSide
 from rlckpt.errors import CheckpointError
 from rlckpt.grpo import DigitSumTask, PromptLoader, make_generation_actor
 from rlckpt.store import BundleStore
+from rlckpt.tiers import one_run
 
 logger = logging.getLogger(__name__)
 
@@ -102,23 +104,37 @@ class SingleController:
 
 
 def check_start(config: TrainConfig) -> BundleStore:
-    """What a start refuses before any cluster exists: ``--fresh`` over committed bundles, and a
-    ``--resume-step`` that has newer bundles or does not open (``check_resume_step``). Returns the
-    run's store. `rlckpt train` calls it before starting Ray and TransferQueue (≈20 s)."""
+    """What a start refuses before any cluster exists: ``--fresh`` over committed bundles, a remote tier
+    that cannot be reached, and a ``--resume-step`` that has newer bundles or does not open on any tier
+    (``check_resume_step``). Returns the run's store. `rlckpt train` calls it before starting Ray and
+    TransferQueue (≈20 s)."""
     store = _refuse_fresh_over_bundles(config)
+    tiers = run_tiers(config, store)
+    one_run(tiers)  # a wiped local tier takes the run's identity back from the remote one
     if config.resume_step is not None and not config.fresh:
-        check_resume_step(store, config.resume_step)
+        check_resume_step(tiers, config.resume_step)
+    elif len(tiers) > 1:
+        tiers[1].steps()  # StoreUnavailableError now, not after the cluster has started
     return store
+
+
+def run_tiers(config: TrainConfig, store: BundleStore) -> list[BundleStore]:
+    """The stores a resume looks at, in order of preference: the run dir, then the remote tier (if any)."""
+    replication = config.replication
+    if replication is None:
+        return [store]
+    return [store, replication.remote_store()]
 
 
 def _refuse_fresh_over_bundles(config: TrainConfig) -> BundleStore:
     """The run's store; CheckpointError if ``--fresh`` would start over committed bundles."""
     store = config.store()
-    if config.fresh and store.steps():
-        raise CheckpointError(
-            f"--fresh but {store.url} already holds committed bundles (steps {store.steps()}); "
-            "use a new run dir, or resume without --fresh"
-        )
+    for tier in run_tiers(config, store):
+        if config.fresh and tier.steps():
+            raise CheckpointError(
+                f"--fresh but {tier.url} already holds committed bundles (steps {tier.steps()}); "
+                "use a new run dir, or resume without --fresh"
+            )
     return store
 
 
@@ -156,9 +172,11 @@ def setup_single_controller(
         phase.start_fresh()
         restored = None
     else:  # 1-3: bundle → trainer state, loader position → TQ restored by the bootstrap client
+        tiers = run_tiers(config, store)
+        one_run(tiers)
         restored = asyncio.run(
             restore_run(
-                store,
+                tiers,
                 trainer=trainer_side,
                 bootstrap=trainer_side.data_plane,
                 phase=phase,
@@ -175,6 +193,7 @@ def setup_single_controller(
     generator = make_generation_actor(config.grpo, task, num_cpus=0)
 
     copier = start_ray_row_copier(data_plane) if config.upload_timing == "pinned" else None
+    replicator = start_ray_replicator(config)
     args = ControllerArgs(
         config=config,
         task=task,
@@ -187,8 +206,10 @@ def setup_single_controller(
         before_commit=before_commit,
         row_copier=copier,
         before_generate=before_generate,
+        replicator=replicator,
     )
     extra_actors = [generator] + ([copier.actor] if copier is not None else [])
+    extra_actors += [replicator.actor] if replicator is not None else []
     actor = ray.remote(SingleControllerActor).options(num_cpus=0).remote(args, data_plane)  # 5
     seconds = time.perf_counter() - started
     logger.info("controller set up in %.1fs (%s)", seconds, f"resumed step {restored.step}" if restored else "fresh")

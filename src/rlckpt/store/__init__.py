@@ -10,6 +10,7 @@ run (docs/security.md). What callers may import is below; the submodules are the
 from .backends.object_store import WRITE_BLOCK_SIZE
 from .buffers import READ_BUFFERS, BufferPool
 from .bundle import Bundle
+from .commit_check import CommitRecords
 from .digest import Digest
 from .gc import GcReport
 from .intent import Intent
@@ -17,6 +18,8 @@ from .location import open_location
 from .manifest import COMMIT_FORMAT, MANIFEST_FORMAT, CommitMarker, CommitSignature, FileEntry, Manifest
 from .participant import ParticipantWriter, Receipt, TransactionHandle, validate_participant
 from .paths import join_relpath, step_dirname, validate_relpath, validate_step
+from .replica import CopyReport, copy_bundle
+from .retention import METRICS_KEY, Retention
 from .run_record import RunRecord
 from .signing import KeyPairFiles, SigningKey, VerifyKey, write_key_pair
 from .storage_errors import as_store_error, unavailable_as_store_error
@@ -26,6 +29,7 @@ from .transaction import BundleTransaction
 __all__ = [
     "COMMIT_FORMAT",
     "MANIFEST_FORMAT",
+    "METRICS_KEY",
     "READ_BUFFERS",
     "WRITE_BLOCK_SIZE",
     "BufferPool",
@@ -34,6 +38,8 @@ __all__ = [
     "BundleTransaction",
     "CommitMarker",
     "CommitSignature",
+    "CommitRecords",
+    "CopyReport",
     "Digest",
     "FileEntry",
     "GcReport",
@@ -44,10 +50,12 @@ __all__ = [
     "Receipt",
     "RunRecord",
     "SigningKey",
+    "Retention",
     "StoreEntry",
     "TransactionHandle",
     "VerifyKey",
     "as_store_error",
+    "copy_bundle",
     "join_relpath",
     "open_location",
     "step_dirname",

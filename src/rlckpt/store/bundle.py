@@ -187,6 +187,22 @@ class Bundle:
         self._check(relpath, entry, Digest.of_hasher(entry.digest.algorithm, hasher), got)
         return view[:got]
 
+    def read_stored(
+        self, relpath: str, sink: Callable[[memoryview], Any], progress: Callable[[int], None] | None = None
+    ) -> None:
+        """Stream the file's stored bytes (compressed, if it is stored so) into `sink` a block at a time, each
+        piece hashed as it passes; once the last piece has passed, CorruptBundleError if size or digest are
+        not the manifest's (what the sink got is then the caller's to throw away). A replica copies a bundle
+        this way (replica.py): every byte checked as it is read, no digest made anew. `sink` must not keep
+        the view it is given.
+
+        Raises:
+            FileNotFoundError: `relpath` is not in the manifest.
+            CorruptBundleError: the stored bytes differ from the manifest.
+            StoreUnavailableError: the store cannot be reached.
+        """
+        self._stream_stored(relpath, sink, progress)
+
     def open(self, relpath: str) -> BinaryIO:
         """A readable stream of the logical bytes; the whole file is fetched and checked before it is returned."""
         entry = self._entry(relpath)

@@ -48,6 +48,16 @@ class CheckedCommit:
     marker: CommitMarker
 
 
+@dataclass(frozen=True)
+class CommitRecords:
+    """A committed bundle's COMMIT and manifest.json exactly as stored, and the manifest they passed the
+    commit check as: what a replica publishes verbatim (replica.py), digests and signatures untouched."""
+
+    marker: bytes
+    manifest_bytes: bytes
+    manifest: Manifest
+
+
 def load_checked_manifest(
     backend: Backend, url: str, step: int, with_listing: bool = True, trust: Trust | None = None
 ) -> Manifest:
@@ -58,21 +68,37 @@ def load_checked_manifest(
 def load_checked(
     backend: Backend, url: str, step: int, with_listing: bool = True, trust: Trust | None = None
 ) -> CheckedCommit:
-    """A committed step's manifest and COMMIT, after every check (the signature's too, given `trust`);
-    UncommittedBundleError, CorruptBundleError (SignatureError: unsigned or badly signed) or
+    """A committed step's manifest and COMMIT, after every check (see load_checked_records)."""
+    return _load(backend, url, step, with_listing, trust)[1]
+
+
+def load_checked_records(
+    backend: Backend, url: str, step: int, with_listing: bool = True, trust: Trust | None = None
+) -> CommitRecords:
+    """COMMIT and manifest.json of a committed step as stored, after every check (the signature's too,
+    given `trust`); UncommittedBundleError, CorruptBundleError (SignatureError: unsigned or badly signed) or
     NewerFormatError.
 
     An object store fetches COMMIT, manifest and listing in one round trip; what was fetched beside
     COMMIT may predate a commit finishing meanwhile, so a failed check on it is decided again on a
     manifest and listing fetched after COMMIT."""
+    view, checked = _load(backend, url, step, with_listing, trust)
+    assert view.marker is not None and view.manifest is not None, "the commit check passed a view without records"
+    return CommitRecords(view.marker, view.manifest, checked.manifest)
+
+
+def _load(
+    backend: Backend, url: str, step: int, with_listing: bool, trust: Trust | None
+) -> tuple[CommitView, CheckedCommit]:
     where = f"step {step} at {url}"
     view = _fetch(backend, step, where, with_listing, in_order=False)
     try:
-        return check_commit(backend, step, view, where, trust)
+        return view, check_commit(backend, step, view, where, trust)
     except CorruptBundleError:
         if not view.early:
             raise
-    return check_commit(backend, step, _fetch(backend, step, where, with_listing, in_order=True), where, trust)
+    view = _fetch(backend, step, where, with_listing, in_order=True)
+    return view, check_commit(backend, step, view, where, trust)
 
 
 def _fetch(backend: Backend, step: int, where: str, with_listing: bool, in_order: bool) -> CommitView:

@@ -2,9 +2,10 @@
 dead transactions left. A dry run is the plan, not applied.
 
 What gc never removes:
-- a bundle that fully verifies unless `keep_last` newer ones fully verify too (retention counts only
-  loadable bundles), nor any bundle that fails its checks (kept and reported as corrupt) — with a
-  verify key, its signature among them: an unsigned or badly signed bundle is never counted;
+- a bundle its retention rules keep (retention.py: the K newest, every N-th step, the K best by a metric,
+  the caller's holds), the newest bundle that fully verifies (retention counts only loadable bundles),
+  nor any bundle that fails its checks (kept and reported as corrupt) — with a verify key, its
+  signature among them: an unsigned or badly signed bundle is never counted;
 - anything a live transaction owns. The run is listed first, the incomplete uploads second, and the
   intents last, so every file or upload in the plan of a transaction that was running is covered by an
   intent gc has read. Each removal is re-checked when applied, and step data is only removed while gc
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rlckpt.errors import CorruptBundleError, UncommittedBundleError
@@ -26,7 +28,9 @@ from .bundle import Bundle
 from .claims import Claims, IntentRead
 from .commit_check import Trust, committed_txid, load_checked_manifest
 from .inventory import Inventory
+from .manifest import Manifest
 from .paths import TMP_DIR, TXN_DIR, parse_step_dirname, step_dirname
+from .retention import Retention
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +66,7 @@ class GcPlan:
     stale_after: float  # the threshold the plan was made with; removals are re-checked against it
     actions: list[GcAction] = field(default_factory=list)
     kept_steps: list[int] = field(default_factory=list)
+    kept_reasons: dict[int, str] = field(default_factory=dict)  # why retention keeps each (when it deletes any)
     corrupt: dict[int, str] = field(default_factory=dict)  # committed steps that fail a check, and why
     live: list[str] = field(default_factory=list)  # txids of live transactions
     quarantined: list[str] = field(default_factory=list)
@@ -75,6 +80,7 @@ class GcReport:
     dry_run: bool
     deleted_steps: list[int] = field(default_factory=list)  # committed bundles removed by retention
     kept_steps: list[int] = field(default_factory=list)  # committed bundles that verified and were kept
+    kept_reasons: dict[int, str] = field(default_factory=dict)  # which rule kept each (when retention deletes any)
     removed: list[str] = field(default_factory=list)  # debris paths: uncommitted prefixes, staging dirs, intents
     aborted_uploads: list[str] = field(default_factory=list)  # keys of incomplete multipart uploads
     live: list[str] = field(default_factory=list)  # txids of live transactions left alone
@@ -99,12 +105,8 @@ class GarbageCollector:
         self.trust = trust
 
     # --- plan ---------------------------------------------------------------------------------
-    def plan(self, keep_last: int | None, stale_after: float) -> GcPlan:
+    def plan(self, retention: Retention, stale_after: float) -> GcPlan:
         """Everything gc would do now (reads only)."""
-        if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
-            raise ValueError(
-                f"keep_last must be an int >= 1 (the newest good bundle is never deleted), got {keep_last!r}"
-            )
         inv = self.backend.scan()  # 1: data
         uploads = self.backend.incomplete_uploads()  # 2: uploads
         intents = self._read_intents(inv)  # 3: intents, listed afresh after both
@@ -116,7 +118,7 @@ class GarbageCollector:
         live_steps = {read.step for read in live if read.step is not None}
         named_txids = {read.txid for read in intents if read.txid}
 
-        owners, doomed = self._plan_retention(plan, inv, keep_last)
+        owners, doomed = self._plan_retention(plan, inv, retention)
         owners.update({read.step: read.txid for read in live if read.step is not None and read.txid})
         for step, owner in sorted(owners.items()):
             for path in self.backend.foreign_data(inv, step, owner):
@@ -179,45 +181,74 @@ class GarbageCollector:
         return self.claims.stale_reason(read, stale_after)
 
     def _plan_retention(
-        self, plan: GcPlan, inv: Inventory, keep_last: int | None
+        self, plan: GcPlan, inv: Inventory, retention: Retention
     ) -> tuple[dict[int, str], list[GcAction]]:
-        """Newest first: the first `keep_last` bundles that fully verify are kept, everything older that passes
-        the commit check is deleted; a bundle that fails is corrupt, kept and reported, never counted.
-        Returns the txid of every kept bundle by step (their steps' other data is debris) and the
-        deletions, oldest first."""
-        owners: dict[int, str] = {}
-        doomed: list[GcAction] = []
-        candidates = [step for step in inv.steps if inv.committed_marker(step)]
-        if keep_last is not None and len(candidates) <= keep_last:
-            keep_last = None  # nothing can be deleted: no bundle needs reading in full
+        """Every bundle that passes the commit check is kept if a rule of `retention` keeps it, or it is the
+        newest that fully verifies; the rest are deleted. A bundle that fails a check is corrupt: kept,
+        reported, never counted. Returns the txid of every kept bundle by step (their steps' other data is
+        debris) and the deletions, oldest first."""
+        manifests: dict[int, Manifest] = {}
         for step in sorted(inv.steps, reverse=True):
             if not inv.committed_marker(step):
                 continue
-            where = self.backend.path(step_dirname(step))
             try:
-                manifest = load_checked_manifest(self.backend, self.url, step, trust=self.trust)
-                if keep_last is not None and len(plan.kept_steps) < keep_last:
-                    Bundle(self.backend, self.url, manifest, self.max_workers).verify()
+                manifests[step] = load_checked_manifest(self.backend, self.url, step, trust=self.trust)
             except (CorruptBundleError, UncommittedBundleError) as exc:
                 plan.corrupt[step] = str(exc)
-                continue
-            if keep_last is None or len(plan.kept_steps) < keep_last:
-                plan.kept_steps.append(step)
-                owners[step] = manifest.txid
-            else:
-                doomed.append(
-                    GcAction(
-                        DELETE_BUNDLE,
-                        where,
-                        step=step,
-                        txid=manifest.txid,
-                        reason=f"older than the {keep_last} newest good bundles",
-                    )
-                )
         for step, what in inv.irregular_steps().items():
             plan.corrupt.setdefault(step, f"step {step} at {self.url}: {what}")
+        keep = self._kept(plan, manifests, retention) if retention.deletes else dict.fromkeys(manifests, "")
+        owners: dict[int, str] = {}
+        doomed: list[GcAction] = []
+        for step, manifest in manifests.items():
+            if step in plan.corrupt:
+                continue  # found corrupt while retention read it in full: kept, never counted
+            if step in keep:
+                plan.kept_steps.append(step)
+                owners[step] = manifest.txid
+                if keep[step]:
+                    plan.kept_reasons[step] = keep[step]
+                continue
+            where = self.backend.path(step_dirname(step))
+            doomed.append(GcAction(DELETE_BUNDLE, where, step=step, txid=manifest.txid, reason=retention.describe()))
         plan.kept_steps.sort()
         return owners, doomed[::-1]
+
+    def _kept(self, plan: GcPlan, manifests: dict[int, Manifest], retention: Retention) -> dict[int, str]:
+        """Step -> why it is kept, for every bundle some rule keeps. Bundles are read in full only where a rule
+        counts them (the newest, the best), newest or best first, and only as many as it counts; one that
+        fails is recorded in `plan.corrupt`."""
+        newest = retention.keep_last or 1  # the newest good bundle is kept whatever the rules
+        why_newest = f"one of the {newest} newest good bundles" if retention.keep_last else "the newest good bundle"
+        if len(manifests) <= newest:
+            return dict.fromkeys(manifests, why_newest)  # nothing can be deleted: nothing needs reading
+        verified: dict[int, bool] = {}
+
+        def verifies(step: int) -> bool:
+            if step not in verified:
+                try:
+                    Bundle(self.backend, self.url, manifests[step], self.max_workers).verify()
+                    verified[step] = True
+                except CorruptBundleError as exc:
+                    plan.corrupt[step] = str(exc)
+                    verified[step] = False
+            return verified[step]
+
+        keep = dict.fromkeys(_first(sorted(manifests, reverse=True), newest, verifies), why_newest)
+        if retention.keep_every is not None:
+            for step in manifests:
+                if step % retention.keep_every == 0:
+                    keep.setdefault(step, f"its step is a multiple of {retention.keep_every}")
+        if retention.keep_best is not None:
+            values = {step: v for step, m in manifests.items() if (v := retention.metric_value(m.metadata)) is not None}
+            sign = 1.0 if retention.lower_is_better else -1.0
+            ranked = sorted(values, key=lambda step: (sign * values[step], -step))  # best first; newer on a tie
+            for step in _first(ranked, retention.keep_best, verifies):
+                keep.setdefault(step, f"one of the {retention.keep_best} best by {retention.metric} ({values[step]:g})")
+        for step, reason in retention.holds.items():
+            if step in manifests:
+                keep.setdefault(step, reason)
+        return keep
 
     def _plan_dead(self, plan: GcPlan, inv: Inventory, read: IntentRead, reason: str) -> None:
         if read.step is None or inv.committed_marker(read.step):
@@ -232,6 +263,7 @@ class GarbageCollector:
         report = GcReport(
             dry_run=dry_run,
             kept_steps=list(plan.kept_steps),
+            kept_reasons=dict(sorted(plan.kept_reasons.items())),
             live=list(plan.live),
             corrupt_steps=sorted(plan.corrupt),
             corrupt_reasons=dict(sorted(plan.corrupt.items())),
@@ -383,3 +415,14 @@ class GarbageCollector:
         """Claim `step` for gc without taking anything over; the txid held, or None if someone holds it."""
         txid = f"gc-{uuid.uuid4().hex}"
         return txid if self.claims.try_claim(step, txid) else None
+
+
+def _first(steps: list[int], count: int, verifies: Callable[[int], bool]) -> list[int]:
+    """The first `count` of `steps`, in order, that verify (each read in full only until that many did)."""
+    found: list[int] = []
+    for step in steps:
+        if len(found) >= count:
+            break
+        if verifies(step):
+            found.append(step)
+    return found

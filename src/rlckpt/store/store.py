@@ -31,13 +31,14 @@ from rlckpt.errors import (
 from .backends import Backend, make_backend
 from .bundle import Bundle
 from .claims import Claims, IntentRead
-from .commit_check import Trust, load_checked
+from .commit_check import CommitRecords, Trust, load_checked, load_checked_records
 from .gc import GarbageCollector, GcReport
 from .intent import DEFAULT_STALE_AFTER
 from .inventory import Inventory
 from .location import given_filesystem_root, open_location
 from .participant import ParticipantWriter, TransactionHandle, validate_participant
 from .paths import COMMIT_NAME, MANIFEST_NAME, is_txid, step_dirname, validate_step
+from .retention import Retention
 from .roster import Roster
 from .run_record import RunRecord, create_run_record, read_run_record
 from .signing import SigningKey, VerifyKey
@@ -224,7 +225,7 @@ class BundleStore:
             self._probed = True
 
     # --- writing ------------------------------------------------------------------------------
-    def begin(self, step: int, *, replace_corrupt: bool = False) -> BundleTransaction:
+    def begin(self, step: int, *, replace_corrupt: bool = False, txid: str | None = None) -> BundleTransaction:
         """Start the save of `step`: the intent is recorded (claiming the step) before any data byte.
 
         COMMIT is checked once, after the claim (a writer may commit until we hold it). With
@@ -233,23 +234,32 @@ class BundleStore:
         step is written anew; a valid one still refuses. The run's first begin makes its run record,
         whose id the COMMIT names (and, with a signing key, signs).
 
+        `txid` runs the transaction under a given id instead of a fresh one: a replica (replica.py) is the
+        same bundle as its source, whose manifest names its txid (and on an object store its files live
+        under `step_<N>/<txid>/`). A dead earlier transaction of that same txid is the same copy,
+        interrupted: what it wrote is left in place (`BundleTransaction.adopt` checks each file before
+        counting it), not removed with the rest of a dead writer's data.
+
         Returns:
             The open transaction; use it as a context manager.
         Raises:
             BundleExistsError: the step is committed, or another live writer holds it.
             StoreUnavailableError: the store cannot be reached or written.
             UnsafeStoreError: the server ignores create-exclusive writes (see `allow_unsafe`).
+            TransactionStateError: `txid` is not a transaction id.
         """
         validate_step(step)
+        if txid is not None and not is_txid(txid):
+            raise TransactionStateError(f"not a transaction id: {txid!r:.80}")
         self._ensure_writable()
-        txid = uuid.uuid4().hex
+        txid = txid or uuid.uuid4().hex
         step_dir = step_dirname(step)
         with unavailable_as_store_error(self.url, f"beginning step {step}"):
             taken = self.claims.claim(step, txid)
             committed = False
             try:
                 run = self._ensure_run(None)  # the id every COMMIT of the run names (made by its first begin)
-                if taken is not None and taken.txid:
+                if taken is not None and taken.txid and taken.txid != txid:
                     self.backend.discard(step_dir, taken.txid)  # the dead writer's data; the claim is ours
                 committed = self.backend.prepare_step(step_dir, txid)
                 if committed and replace_corrupt and self._quarantine_if_corrupt(step, txid):
@@ -347,9 +357,16 @@ class BundleStore:
         return True
 
     def latest(self) -> int | None:
-        """The newest committed step, or None when there is none."""
-        steps = self.steps()
-        return steps[-1] if steps else None
+        """The newest committed step (as `steps()` counts them), or None when there is none: one listing, then
+        COMMIT and manifest of each step from the newest down, only until one passes."""
+        self._check_reachable()
+        with unavailable_as_store_error(self.url, "finding the newest step"):
+            inv = self.backend.scan()
+            trust = self._trust()
+            return next(
+                (s for s in sorted(inv.steps, reverse=True) if inv.committed_marker(s) and self._passes(s, trust)),
+                None,
+            )
 
     def open(self, step: int) -> Bundle:
         """A checked Bundle (marker -> manifest digest -> signature, with a verify key -> listing).
@@ -366,6 +383,38 @@ class BundleStore:
         with unavailable_as_store_error(self.url, f"opening step {step}"):
             checked = load_checked(self.backend, self.url, step, trust=self._trust())
             return Bundle(self.backend, self.url, checked.manifest, self.max_workers, commit=checked.marker)
+
+    def records(self, step: int) -> CommitRecords:
+        """COMMIT and manifest.json of a committed step exactly as stored, checked as `open` checks them: what
+        a replica of the bundle publishes verbatim (replica.py), and what tells two copies of a step apart.
+
+        Raises:
+            UncommittedBundleError, CorruptBundleError, NewerFormatError: as `open`.
+        """
+        validate_step(step)
+        self._check_reachable()
+        with unavailable_as_store_error(self.url, f"reading the records of step {step}"):
+            return load_checked_records(self.backend, self.url, step, trust=self._trust())
+
+    def committed_at(self, step: int) -> float | None:
+        """When `step`'s COMMIT was published here (unix seconds, the storage's clock), or None when it has
+        none. A replica carries its source's COMMIT bytes, not its time: the two times give the lag between
+        tiers (docs/tiers.md)."""
+        self._check_reachable()
+        with unavailable_as_store_error(self.url, f"reading the COMMIT time of step {step}"):
+            try:
+                return self.backend.mtime(self.backend.path(step_dirname(step), COMMIT_NAME))
+            except FileNotFoundError:
+                return None
+
+    def intents(self) -> dict[int, IntentRead]:
+        """Every step being written, or left by a writer that died, with its intent (who holds it, since
+        when): one listing of the run, then each intent read."""
+        self._check_reachable()
+        with unavailable_as_store_error(self.url, "listing intents"):
+            inv = self.backend.scan()
+            reads = (self.claims.read_at(path, mtime) for path, mtime in inv.intents.items())
+            return {read.step: read for read in reads if read is not None and read.step is not None}
 
     def read_intent(self, step: int) -> IntentRead | None:
         """The intent holding `step` (possibly unreadable), or None."""
@@ -473,21 +522,26 @@ class BundleStore:
         dry_run: bool = False,
         stale_after: float | None = None,
         max_workers: int | None = None,
+        retention: Retention | None = None,
     ) -> GcReport:
-        """Remove debris of dead transactions and, with `keep_last`, committed bundles older than the
-        `keep_last` newest ones that fully verify. A dry run is the same plan, not applied.
-        `max_workers` caps the threads that read and remove files (default: the store's).
+        """Remove debris of dead transactions and committed bundles no retention rule keeps: with `keep_last`
+        (or `retention`, retention.py: the K newest, every N-th step, the K best by a metric, the caller's
+        holds). The newest bundle that fully verifies is always kept. A dry run is the same plan, not
+        applied. `max_workers` caps the threads that read and remove files (default: the store's).
 
         Raises:
-            ValueError: `keep_last` is not an int >= 1.
+            ValueError: `keep_last` is not an int >= 1, a rule of `retention` is malformed, or both are given.
             StoreUnavailableError: the store cannot be reached.
         """
+        if retention is not None and keep_last is not None:
+            raise ValueError("gc takes keep_last or a retention, not both")
+        rules = retention if retention is not None else Retention(keep_last=keep_last)
         self._check_reachable()
         with unavailable_as_store_error(self.url, "collecting garbage"):
             collector = GarbageCollector(
                 self.backend, self.claims, self.url, max_workers or self.max_workers, trust=self._trust()
             )
-            plan = collector.plan(keep_last, self.stale_after if stale_after is None else stale_after)
+            plan = collector.plan(rules, self.stale_after if stale_after is None else stale_after)
             return collector.report(plan, dry_run=True) if dry_run else collector.apply(plan)
 
 

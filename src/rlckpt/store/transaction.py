@@ -6,25 +6,28 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from rlckpt.errors import (
     CorruptBundleError,
     LostWriteError,
     ParticipantError,
+    ReplicaError,
     TransactionStateError,
     UnreadableBundleError,
 )
 
 from .backends import Backend
 from .claims import Claims
-from .commit_check import Trust, check_records, listing_problem
+from .commit_check import CommitRecords, Trust, check_records, listing_problem
 from .digest import Digest
 from .files import FileWriter
 from .manifest import CommitMarker, CommitSignature, FileEntry, Manifest, canonical_json
 from .participant import Receipt, TransactionHandle, checked_receipt
 from .path_set import PathSet
+from .paths import validate_relpath
+from .readback import stored_digest
 from .roster import Roster, RosterState
 from .signing import SigningKey, bundle_message
 from .storage_errors import unavailable_as_store_error
@@ -111,8 +114,32 @@ class BundleTransaction(FileWriter):
             LostWriteError: a written file is missing, resized, or joined by a stranger.
         """
         own = self._close_writes("committing")  # no write of the coordinator's can begin from here on
+        return self._end(lambda: self._publish(own, metadata, list(receipts), participants))
+
+    def commit_replica(self, records: CommitRecords) -> Manifest:
+        """Publish a replica: another store's committed bundle, whose COMMIT and manifest.json bytes are
+        published verbatim (digests, and signatures where COMMIT has one, carried, never recomputed) over
+        the files copied here. The checks of every commit run on them, the same code path as `commit`:
+        the readers' check of both records and their caps, the claim, the roster, the listing equal to the
+        manifest. And the files written (or adopted) here must be the manifest's: the same paths, each of
+        its stored size and, where hashed under the manifest's algorithm, of its digest.
+
+        Args:
+            records: the source's records (`CommitRecords`); their step and txid must be this transaction's.
+        Returns:
+            The committed manifest (the source's).
+        Raises:
+            ReplicaError: the records are not of this step and txid or do not pass the readers' check, or
+                the files here are not the manifest's. Nothing is published (the transaction is aborted).
+            and what `commit` raises (BundleExistsError, LostWriteError, TransactionStateError).
+        """
+        own = self._close_writes("committing")
+        return self._end(lambda: self._publish_replica(own, records))
+
+    def _end(self, publish: Callable[[], tuple[Manifest, RosterState]]) -> Manifest:
+        """Run `publish`; on success release the claim and the roster, on any failure abort everything."""
         try:
-            manifest, roster = self._publish(own, metadata, list(receipts), participants)
+            manifest, roster = publish()
         except BaseException:
             try:
                 self.abort()
@@ -156,6 +183,35 @@ class BundleTransaction(FileWriter):
                 f"{exc}: readers would refuse this bundle ({len(files)} files, "
                 f"{len(canonical_json(meta))} bytes of metadata); nothing committed"
             ) from exc
+        return manifest, self._make_visible(files, receipts, manifest_bytes, marker, where)
+
+    def _publish_replica(self, own: dict[str, FileEntry], records: CommitRecords) -> tuple[Manifest, RosterState]:
+        where = f"replica of step {self.step} (txid {self.txid}) at {self.url}"
+        try:
+            checked = check_records(self.step, records.marker, records.manifest_bytes, where)
+        except CorruptBundleError as exc:
+            raise ReplicaError(f"{exc}: readers would refuse these records; nothing committed") from exc
+        manifest = checked.manifest
+        if checked.marker.run is not None and checked.marker.run != self.run_id:
+            raise ReplicaError(
+                f"{where}: the records are of run {checked.marker.run}, this store is run {self.run_id} (its "
+                "_run.json): a reader with the verify key would refuse the copy; nothing committed"
+            )
+        if manifest.txid != self.txid:
+            raise ReplicaError(
+                f"{where}: the records are of transaction {manifest.txid}; a replica runs under the txid its "
+                "manifest names; nothing committed"
+            )
+        problem = _copy_problem(own, manifest.files)
+        if problem is not None:
+            raise ReplicaError(f"{where}: {problem}; nothing committed")
+        return manifest, self._make_visible(manifest.files, [], records.manifest_bytes, records.marker, where)
+
+    def _make_visible(
+        self, files: dict[str, FileEntry], receipts: list[Receipt], manifest_bytes: bytes, marker: bytes, where: str
+    ) -> RosterState:
+        """The storage part of every commit: close the roster (every joined participant sealed), re-check
+        the claim, list the bundle as readers will (exactly `files`), then manifest and COMMIT."""
         with self._storage("committing"):
             roster = self.roster.close()
             self._check_roster(roster, receipts, where)
@@ -167,7 +223,7 @@ class BundleTransaction(FileWriter):
                     "or added by gc or another writer?); nothing committed"
                 )
             self.backend.make_visible(self._step_dir, self.txid, manifest_bytes, marker)
-        return manifest, roster
+        return roster
 
     def _marker(self, manifest: Digest) -> bytes:
         """COMMIT's bytes: this run's id, the manifest's digest and, with a signing key, the signature of
@@ -251,6 +307,32 @@ class BundleTransaction(FileWriter):
                 merged[rel] = entry
         return merged
 
+    # --- resuming a replica (replica.py) -----------------------------------------------------------
+    def files_in_place(self) -> dict[str, int]:
+        """Files already in this transaction's data root, relpath -> stored size: what a dead earlier
+        transaction of the same txid wrote, which `BundleStore.begin` leaves for a replica to resume. A
+        transaction of a fresh txid has none."""
+        with self._storage("listing what is already written"):
+            return dict(self.backend.list_files(self._data_root).sizes)
+
+    def adopt(self, relpath: str, entry: FileEntry) -> bool:
+        """Count a file already in the data root (`files_in_place`) as written with `entry`, once it has been
+        read back and its stored size and digest (under the entry's algorithm) are the entry's; it is then
+        made as durable as a file written here. Returns whether it was adopted: one that was not stays where
+        it is, to be written over."""
+        validate_relpath(relpath)
+        path = f"{self._data_root}/{relpath}"
+        with self._storage(f"reading back {relpath}"):
+            digest, size = stored_digest(self.backend, path, entry.digest.algorithm, entry.size)
+            if size != entry.size or digest != entry.digest:
+                return False
+            self.backend.make_durable(path)
+        with self._lock:
+            self._check_open()
+            self._reserve(relpath)
+            self._files[relpath] = entry
+        return True
+
     def abort(self) -> None:
         """Remove everything this transaction and its participants wrote, and its intent. Idempotent;
         refused after commit."""
@@ -265,3 +347,22 @@ class BundleTransaction(FileWriter):
         self.claims.release(self.step, self.txid)
         self.roster.remove()
         log.info("aborted step %s (txid %s) at %s", self.step, self.txid, self.url)
+
+
+def _copy_problem(written: Mapping[str, FileEntry], files: Mapping[str, FileEntry]) -> str | None:
+    """How the files a replica wrote differ from its manifest's, or None. A digest is compared where it was
+    taken under the manifest's algorithm (a file written here is hashed with the one new bundles use; the
+    bytes of a sha256 bundle were checked against its manifest as they were read)."""
+    missing = sorted(files.keys() - written.keys())
+    if missing:
+        return f"{missing[0]} is in the manifest but was not copied (missing: {missing[:10]})"
+    extra = sorted(written.keys() - files.keys())
+    if extra:
+        return f"{extra[0]} was written but is not in the manifest (extra: {extra[:10]})"
+    for rel, entry in sorted(written.items()):
+        want = files[rel]
+        if entry.size != want.size:
+            return f"{rel} was copied as {entry.size} bytes, the manifest says {want.size}"
+        if entry.digest.algorithm == want.digest.algorithm and entry.digest != want.digest:
+            return f"{rel} was copied with {entry.digest}, the manifest says {want.digest}"
+    return None

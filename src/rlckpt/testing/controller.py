@@ -4,7 +4,8 @@ an in-process generator and the in-memory data plane instead of Ray and Transfer
 
 ``run_in_process`` follows setup_single_controller's order (restore → phase ready → connect-only
 client + replay buffer → ``assemble_controller``), so tests of resume logic run in well under a
-second per step and check the restored index exactly as the controller actor does.
+second per step and check the restored index exactly as the controller actor does. A two-tier run
+(``config.replicate_to``) replicates in a thread of this process (the main job: a Ray actor).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from rlckpt.controller.trainer_group import LocalTrainerGroup
 from rlckpt.dataplane.base import DataPlaneClient
 from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
 from rlckpt.grpo import DigitSumTask, GenerationWorker, PromptLoader
+from rlckpt.tiers import BundleReplicator, ThreadReplicator, one_run
 
 
 @dataclass
@@ -67,6 +69,9 @@ async def run_in_process(
     replaces the wall clock the deadline (``config.save_by``) is planned on."""
     run = run if run is not None else InProcessRun()
     store = config.store()
+    replication = config.replication
+    tiers = [store] if replication is None else [store, replication.remote_store()]
+    one_run(tiers)
     task = DigitSumTask(seed=config.task_seed, num_prompts=config.num_prompts)
     loader = PromptLoader(task, config.grpo.prompts_per_step, seed=config.grpo.seed)
     trainer = LocalTrainerGroup(config.grpo)  # one rank, world size 1, in threads of this process
@@ -76,7 +81,7 @@ async def run_in_process(
         run.phase.start_fresh()
     else:
         restored = await restore_run(
-            store,
+            tiers,
             trainer=trainer,
             bootstrap=bootstrap,
             phase=run.phase,
@@ -98,6 +103,9 @@ async def run_in_process(
         row_copier=RowCopyWorker(InMemoryDataPlaneSpec(run.plane)),
         before_commit=before_commit,
         before_generate=before_generate,
+        replicator=None
+        if replication is None
+        else ThreadReplicator(BundleReplicator(config.run_dir, config.storage_options, replication)),
     )
     run.phase.require_ready("the connect-only data-plane client")
     data_plane = InMemoryDataPlaneSpec(run.plane).connect()

@@ -5,6 +5,7 @@ with Outage(endpoint) as outage:
     bundle = store.open(1)          # through the forwarder, to the real server
     outage.cut()                    # connections open through it are dropped, new ones refused
     bundle.read_bytes("x")          # sees the server gone, as after a crash or a network partition
+    outage.restore()                # ... and back, on the same endpoint
 
 The session's S3 server keeps running for every other test.
 """
@@ -63,6 +64,15 @@ class Outage:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
+
+    def restore(self) -> None:
+        """The server is back, on the same endpoint: new connections go through again (a cut is undone)."""
+        self._accepting.join(timeout=10)
+        with self._lock:
+            self._listener = socket.create_server(("127.0.0.1", self._port))
+            self._cut = False
+        self._accepting = threading.Thread(target=self._accept, name="outage-accept", daemon=True)
+        self._accepting.start()
 
     def _track(self, *socks: socket.socket) -> bool:
         with self._lock:

@@ -214,6 +214,12 @@ class Backend(abc.ABC):
         durable (local disk: its fsync), for the writer to run in the background, beside writing and
         hashing its next file, and to wait for before it seals or commits."""
 
+    def make_durable(self, path: str) -> None:
+        """Make a file already in a transaction's data root as durable as finish_write(ok=True) makes one it
+        wrote: a replica resumed keeps files a dead attempt wrote (BundleTransaction.adopt). Object stores
+        have nothing to do: an object exists only once its upload completed."""
+        return None
+
     def written_view(self, step_dir: str, txid: str) -> Listing:
         """What readers will see of the bundle once transaction `txid` commits, from a listing taken now
         where they will take theirs: the commit checks it with the readers' own listing check."""

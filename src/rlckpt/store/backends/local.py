@@ -303,6 +303,10 @@ class LocalBackend(Backend):
             self.remove_file(path)
         return None
 
+    def make_durable(self, path: str) -> None:
+        """fsync: a file is written in place here, and one a dead writer left may never have been synced."""
+        self._fsync_file(path)
+
     def make_visible(self, step_dir: str, txid: str, manifest: bytes, commit: bytes) -> None:
         staging = self.data_root(step_dir, txid)
         try:

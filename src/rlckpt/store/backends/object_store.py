@@ -153,10 +153,14 @@ class ObjectBackend(Backend):
         return self.path(step_dir, txid) if txid else self.path(step_dir)
 
     def prepare_step(self, step_dir: str, txid: str) -> bool:
-        """One LIST answers "committed?" and finds a dead writer's partial prefix, deleted under our claim."""
-        leftovers = list(self._find(self.path(step_dir)))
-        if self.path(step_dir, COMMIT_NAME) in leftovers:
+        """One LIST answers "committed?" and finds a dead writer's partial prefix, deleted under our claim.
+        What lies under our own txid's prefix stays: only a dead earlier attempt of this same transaction
+        (a replica resumed, see BundleStore.begin) can have written there."""
+        found = list(self._find(self.path(step_dir)))
+        if self.path(step_dir, COMMIT_NAME) in found:
             return True
+        ours = self.path(step_dir, txid) + "/"
+        leftovers = [key for key in found if not key.startswith(ours)]
         if leftovers:
             log.warning(
                 "removing %d leftover objects of %s: no COMMIT, and this transaction holds the claim",

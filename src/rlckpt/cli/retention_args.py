@@ -1,0 +1,75 @@
+"""The retention flags `rlckpt train` and `rlckpt gc` share (store/retention.py): keep the last K, every
+N-th step forever, the best K by a metric the run records; `rlckpt train` takes them again with
+`--replica-` for its remote tier (docs/tiers.md)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+# What `rlckpt train` records in each manifest (controller.config.RUN_METRICS; not imported: torch)
+RUN_METRICS = ("reward", "loss")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_retention_arguments(parser: argparse.ArgumentParser, *, prefix: str = "", tier: str = "") -> None:
+    """--{prefix}keep-last, --{prefix}keep-every, --{prefix}keep-best; `prefix` "" also adds --metric and
+    --lower-is-better (one metric for every tier of a run)."""
+    where = f" of the {tier}" if tier else ""
+    parser.add_argument(
+        f"--{prefix}keep-last",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help=f"keep the K newest committed bundles{where} that verify",
+    )
+    parser.add_argument(
+        f"--{prefix}keep-every",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help=f"keep every bundle{where} whose step is a multiple of N, forever",
+    )
+    parser.add_argument(
+        f"--{prefix}keep-best",
+        type=positive_int,
+        default=None,
+        metavar="K",
+        help=f"keep the K bundles{where} with the best --metric",
+    )
+    if prefix:
+        return
+    parser.add_argument(
+        "--metric",
+        default=None,
+        metavar="NAME",
+        help=f"what --keep-best ranks by: a number each manifest records under metrics ({', '.join(RUN_METRICS)})",
+    )
+    parser.add_argument(
+        "--lower-is-better", action="store_true", help="--keep-best keeps the lowest --metric (default: highest)"
+    )
+
+
+def retention_fields(args: argparse.Namespace, *, prefix: str = "") -> dict[str, Any]:
+    """The flags as keyword arguments of store.Retention (or TrainConfig with the `prefix`), unchecked."""
+    name = prefix.replace("-", "_")
+    return {
+        f"{name}keep_last": getattr(args, f"{name}keep_last"),
+        f"{name}keep_every": getattr(args, f"{name}keep_every"),
+        f"{name}keep_best": getattr(args, f"{name}keep_best"),
+    }
+
+
+def metric_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """--metric and --lower-is-better as keyword arguments."""
+    return {"metric": args.metric, "lower_is_better": args.lower_is_better}

@@ -1,0 +1,21 @@
+"""Two tiers (docs/tiers.md): every save commits to a fast local tier; committed bundles are replicated in the
+background into a remote tier through its own transaction (the same bundle, store/replica.py). Above the
+store, below the checkpoint procedures and the controller; no torch, Ray or TransferQueue here."""
+
+from .config import DEFAULT_COPY_WORKERS, ReplicationConfig
+from .holds import replication_holds
+from .identity import one_run
+from .queue import ReplicationQueue, Replicator, ThreadReplicator
+from .replicate import BundleReplicator, ReplicationReport
+
+__all__ = [
+    "DEFAULT_COPY_WORKERS",
+    "BundleReplicator",
+    "ReplicationConfig",
+    "ReplicationQueue",
+    "ReplicationReport",
+    "Replicator",
+    "ThreadReplicator",
+    "one_run",
+    "replication_holds",
+]

@@ -1,0 +1,59 @@
+"""BundleReplicator: one replication — a committed bundle of the local tier copied into the remote tier as
+the same bundle (store.copy_bundle), then the remote tier's retention. Synchronous and self-contained (it
+opens its own stores from URLs), so it runs wherever it is put: a thread (ThreadReplicator, queue.py) or
+the controller's replication actor, never on the event loop that pumps training and rollouts."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlckpt.store import BundleStore, CopyReport, copy_bundle
+
+from .config import ReplicationConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReplicationReport:
+    """What one replication did: the copy, and the bundles the remote tier's retention deleted after it."""
+
+    step: int
+    copy: CopyReport
+    remote_deleted: list[int] = field(default_factory=list)
+
+
+class BundleReplicator:
+    """Replicates committed bundles of the run at `local_url` into the remote tier `config`."""
+
+    def __init__(self, local_url: str, local_options: dict[str, Any] | None, config: ReplicationConfig) -> None:
+        self.local_url = local_url
+        self.local_options = local_options
+        self.config = config
+        self._local: BundleStore | None = None
+        self._remote: BundleStore | None = None
+
+    def stores(self) -> tuple[BundleStore, BundleStore]:
+        """(local, remote), opened on first use in the process that replicates (a store holds locks and
+        connections, which do not travel)."""
+        if self._local is None or self._remote is None:
+            self._local = BundleStore(self.local_url, self.local_options, verify_key=self.config.verify_key)
+            self._remote = self.config.remote_store()
+        return self._local, self._remote
+
+    def replicate(self, step: int) -> ReplicationReport:
+        """Copy committed bundle `step` into the remote tier; then the remote tier's retention, whose failure
+        is logged (the replica is committed). Raises what `copy_bundle` raises: nothing is committed then."""
+        local, remote = self.stores()
+        report = copy_bundle(local, step, remote, max_workers=self.config.workers)
+        deleted: list[int] = []
+        if self.config.retention.deletes:
+            try:
+                deleted = remote.gc(retention=self.config.retention, max_workers=self.config.workers).deleted_steps
+            except Exception:
+                log.warning(
+                    "retention of the remote tier %s failed; step %d is replicated", remote.url, step, exc_info=True
+                )
+        return ReplicationReport(step, report, deleted)

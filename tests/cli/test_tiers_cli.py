@@ -1,0 +1,103 @@
+"""The two-tier commands: `rlckpt copy` (a bundle into another store as the same bundle, verified there),
+`rlckpt gc` with the retention flags and --replicated-to, `rlckpt ls --replicated-to` (both tiers side by
+side). The remote tier is the `store_location` (local disk and S3); the local tier a directory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlckpt.testing.store_checks import corrupt_file
+
+from .conftest import Run
+
+
+@pytest.fixture
+def local(tmp_path) -> Run:
+    """The fast tier: committed bundles 1, 2, 3 with a reward each (2 is the best)."""
+    location = Run(str(tmp_path / "local"), None)
+    for step, reward in ((1, 0.1), (2, 0.9), (3, 0.5)):
+        location.commit(step, metadata={"step": step, "metrics": {"reward": reward}})
+    return location
+
+
+def _remote_args(run: Run) -> list[str]:
+    return ["--replicated-storage-options", json.dumps(run.storage_options)] if run.storage_options else []
+
+
+def _dest_args(run: Run) -> list[str]:
+    return ["--dest-storage-options", json.dumps(run.storage_options)] if run.storage_options else []
+
+
+def test_copy_copies_the_newest_bundle_as_the_same_bundle_and_verifies_it_there(local, run, cli):
+    result = cli("copy", local.url, run.url, "--json", *_dest_args(run))
+    assert result.code == 0, result.err
+    assert result.json()["step"] == 3 and result.json()["verified"] is True
+    assert run.store().steps() == [3]
+    assert run.store().records(3) == local.store().records(3)  # manifest and COMMIT bytes verbatim
+
+
+def test_copy_with_step_copies_that_bundle(local, run, cli):
+    assert cli("copy", local.url, run.url, "--step", "1", *_dest_args(run)).code == 0
+    assert run.store().steps() == [1]
+
+
+def test_copy_of_a_source_that_does_not_verify_fails_and_commits_nothing(local, run, cli):
+    corrupt_file(local.store(), 3, "policy/weights.bin", "flip")
+    result = cli("copy", local.url, run.url, *_dest_args(run))
+    assert result.code == 1, result.err
+    assert "policy/weights.bin" in result.err
+    assert run.store().steps() == []
+
+
+def test_copy_of_a_bundle_already_there_leaves_it_as_it_is(local, run, cli):
+    cli("copy", local.url, run.url, *_dest_args(run))
+    again = cli("copy", local.url, run.url, "--json", *_dest_args(run))
+    assert again.code == 0 and again.json()["already"] is True
+
+
+def test_gc_keep_best_keeps_the_best_by_the_metric_and_the_newest(local, cli):
+    result = cli("gc", local.url, "--keep-best", "1", "--metric", "reward")
+    assert result.code == 0, result.err
+    assert local.store().steps() == [2, 3]
+
+
+def test_gc_keep_best_lower_is_better_keeps_the_lowest(local, cli):
+    assert cli("gc", local.url, "--keep-best", "1", "--metric", "reward", "--lower-is-better").code == 0
+    assert local.store().steps() == [1, 3]
+
+
+def test_gc_refuses_a_metric_without_keep_best(local, cli):
+    result = cli("gc", local.url, "--metric", "reward")
+    assert result.code == 64
+    assert "keep_best and metric go together" in result.err
+
+
+def test_gc_replicated_to_keeps_every_bundle_the_remote_tier_does_not_hold_yet(local, run, cli):
+    cli("copy", local.url, run.url, "--step", "1", *_dest_args(run))
+    result = cli("gc", local.url, "--keep-last", "1", "--replicated-to", run.url, *_remote_args(run))
+    assert result.code == 0, result.err
+    assert "kept committed step 2: not yet replicated" in result.out
+    assert local.store().steps() == [2, 3]  # 1 is on the remote tier; 2 is not, whatever --keep-last says
+
+
+def test_ls_replicated_to_shows_both_tiers_and_what_is_not_replicated_yet(local, run, cli):
+    cli("copy", local.url, run.url, "--step", "2", *_dest_args(run))
+    result = cli("ls", local.url, "--replicated-to", run.url, "--json", *_remote_args(run))
+    assert result.code == 0, result.err
+    record = result.json()
+    states = [
+        (s["step"], s["local"] and s["local"]["state"], s["remote"] and s["remote"]["state"]) for s in record["steps"]
+    ]
+    assert states == [(1, "committed", None), (2, "committed", "committed"), (3, "committed", None)]
+    lag = record["steps"][1]["lag_s"]
+    assert lag is not None and lag >= -5  # the two storages' clocks; the copy came after the local commit
+    assert (record["local_newest"], record["remote_newest"], record["not_replicated"]) == (3, 2, [3])
+
+
+def test_ls_replicated_to_table_says_what_the_remote_tier_lacks(local, run, cli):
+    result = cli("ls", local.url, "--replicated-to", run.url, *_remote_args(run))
+    assert result.code == 0, result.err
+    assert "LOCAL" in result.out and "REMOTE" in result.out
+    assert "holds no committed bundle; not replicated yet: step(s) 1, 2, 3" in result.out
