@@ -9,7 +9,7 @@ from rlckpt.checkpoint import layout
 from rlckpt.controller import loop_state
 from rlckpt.dataplane import snapshot_records
 from rlckpt.replay import records as replay_records
-from rlckpt.store import intent, run_record
+from rlckpt.store import intent, manifest_formats, run_record
 from rlckpt.testing.format_docs import SECTIONS, generated_part, render
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "formats.md"
@@ -22,6 +22,8 @@ def test_docs_formats_md_holds_the_sections_rendered_from_the_declarations():
 
 def test_every_format_constant_is_named_for_its_record_and_is_the_number_it_declares():
     constants = {
+        "MANIFEST_FORMAT": manifest_formats.MANIFEST_FORMAT,
+        "COMMIT_FORMAT": manifest_formats.COMMIT_FORMAT,
         "INTENT_FORMAT": intent.INTENT_FORMAT,
         "RUN_RECORD_FORMAT": run_record.RUN_RECORD_FORMAT,
         "RUN_BUNDLE_FORMAT": layout.RUN_BUNDLE_FORMAT,

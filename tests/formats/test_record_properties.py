@@ -2,7 +2,8 @@
 error naming the record and the field; and every value its declaration describes passes.
 
 The valid records are the real writers' output (a save through ``save_bundle``, ``Intent.new``,
-``LoopState.to_state``, ``encode_rows``); hypothesis picks where to break them and with what."""
+``LoopState.to_state``, ``encode_rows``, a signed commit of the store, and the bundles the old code wrote in
+tests/fixtures); hypothesis picks where to break them and with what."""
 
 from __future__ import annotations
 
@@ -30,10 +31,11 @@ from rlckpt.formats import Record
 from rlckpt.grpo import DigitSumTask, PromptLoader
 from rlckpt.replay import DataPlaneCheckpointBarrier, ReplayBuffer
 from rlckpt.replay.index_formats import check_index
-from rlckpt.store import BundleStore, Intent
+from rlckpt.store import COMMIT_FORMAT, MANIFEST_FORMAT, BundleStore, CommitMarker, Intent, Manifest, SigningKey
 from rlckpt.store.manifest import canonical_json
 from rlckpt.testing.format_docs import SECTIONS
 from rlckpt.testing.records import JSON_VALUES, Mutation, mutations, plain_and_foreign_values, valid_values
+from rlckpt.testing.store_checks import raw_path, save_sample
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 GROUP = 2
@@ -198,3 +200,50 @@ def test_a_broken_intent_is_unreadable_naming_the_field(data):
     mutation = data.draw(st.sampled_from(mutations(record, intent, JSON_VALUES)))
     broken = canonical_json(mutation.of(intent))
     refused_naming(MalformedRecordError, record, mutation, lambda: Intent.from_bytes(broken))
+
+
+# --- the store's own records: manifest and COMMIT ---------------------------------------------------------
+
+FORMAT_1_BUNDLE = Path(__file__).resolve().parents[1] / "fixtures" / "run_format_1" / "run" / "step_2"
+# A format number above today's is a newer record, refused with NewerFormatError in one line of its own
+# (tests/store/test_formats.py); every other wrong value of it is a malformed record like any field's.
+STORE_VALUES = tuple(v for v in JSON_VALUES if not (type(v) is int and v > min(MANIFEST_FORMAT, COMMIT_FORMAT)))
+
+
+@pytest.fixture(scope="module")
+def store_records(tmp_path_factory) -> dict[tuple[str, int], dict]:
+    """manifest.json and COMMIT as a signed commit writes them today, and as rlckpt wrote them in format 1
+    (tests/fixtures: the old code's own bundle)."""
+    store = BundleStore(str(tmp_path_factory.mktemp("store") / "run"), signing_key=SigningKey.generate())
+    save_sample(store, 2, metadata={"note": "x"})
+    today = {
+        name: json.loads(store.fs.cat_file(raw_path(store, "step_2", name))) for name in ("manifest.json", "COMMIT")
+    }
+    old = {name: json.loads((FORMAT_1_BUNDLE / name).read_bytes()) for name in ("manifest.json", "COMMIT")}
+    assert today["COMMIT"]["signature"] is not None and (old["manifest.json"]["format"], old["COMMIT"]["format"]) == (
+        1,
+        1,
+    )
+    return {
+        ("manifest", MANIFEST_FORMAT): today["manifest.json"],
+        ("manifest", 1): old["manifest.json"],
+        ("COMMIT", COMMIT_FORMAT): today["COMMIT"],
+        ("COMMIT", 1): old["COMMIT"],
+    }
+
+
+STORE_READERS = {"manifest": Manifest.from_bytes, "COMMIT": CommitMarker.from_bytes}
+
+
+@pytest.mark.parametrize(
+    ("name", "number"),
+    [("manifest", MANIFEST_FORMAT), ("manifest", 1), ("COMMIT", COMMIT_FORMAT), ("COMMIT", 1)],
+    ids=lambda v: str(v),
+)
+@PROPERTY
+@given(data=st.data())
+def test_a_broken_manifest_or_commit_is_refused_as_a_corrupt_bundle_naming_the_field(store_records, name, number, data):
+    value, record = store_records[(name, number)], _record_of(name, number)
+    mutation = data.draw(st.sampled_from(mutations(record, value, STORE_VALUES)))
+    broken = canonical_json(mutation.of(value))
+    refused_naming(CorruptBundleError, record, mutation, lambda: STORE_READERS[name](broken))

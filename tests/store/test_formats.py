@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 import blake3
 import pytest
@@ -172,14 +173,38 @@ def test_a_file_digest_of_an_unknown_algorithm_is_refused_in_one_line(store):
     manifest = raw_json(store, 2, "manifest.json")
     manifest["files"][PLAIN]["algorithm"] = "md5"
     rewrite_manifest(store, 2, canonical_json(manifest))
-    with pytest.raises(CorruptBundleError, match=f"'{PLAIN}' has a bad digest: unknown digest algorithm 'md5'") as exc:
+    with pytest.raises(
+        CorruptBundleError,
+        match=re.escape(
+            f"manifest.json: manifest: files['{PLAIN}'].algorithm: expected one of 'blake3', 'sha256', got 'md5'"
+        ),
+    ) as exc:
         store.open(2)
     assert "\n" not in str(exc.value)
 
 
+def test_an_uncompressed_entry_whose_logical_size_is_not_its_size_is_refused_naming_the_field(store):
+    manifest = raw_json(store, 2, "manifest.json")
+    manifest["files"][PLAIN]["logical_size"] += 1
+    rewrite_manifest(store, 2, canonical_json(manifest))
+    with pytest.raises(CorruptBundleError, match=re.escape(f"manifest: files['{PLAIN}'].logical_size: uncompressed")):
+        store.open(2)
+
+
+def test_a_file_listed_where_another_needs_a_directory_is_refused_naming_the_path(store):
+    manifest = raw_json(store, 2, "manifest.json")
+    manifest["files"][f"{PLAIN}/inner"] = manifest["files"][PLAIN]
+    rewrite_manifest(store, 2, canonical_json(manifest))
+    expected = f"manifest: files['{PLAIN}/inner']: '{PLAIN}/inner' lies under '{PLAIN}', which is a file"
+    with pytest.raises(CorruptBundleError, match=re.escape(expected)):
+        store.open(2)
+
+
 def test_a_commit_naming_an_unknown_algorithm_is_refused_in_one_line(store):
     put_record(store, 2, "COMMIT", {**raw_json(store, 2, "COMMIT"), "manifest_algorithm": "xxh3"})
-    with pytest.raises(CorruptBundleError, match="COMMIT is malformed: .*unknown digest algorithm 'xxh3'") as exc:
+    with pytest.raises(
+        CorruptBundleError, match="COMMIT: COMMIT: manifest_algorithm: expected one of 'blake3', 'sha256', got 'xxh3'"
+    ) as exc:
         store.open(2)
     assert "\n" not in str(exc.value)
 

@@ -109,7 +109,7 @@ def test_a_malformed_receipt_entry_is_refused_at_commit_as_a_reader_would_refuse
     real = participate(store, txn, "rank0", {"a.bin": shard(0)})
     forged = Receipt(real.txid, real.participant, {"a.bin": MALFORMED[field](real.files["a.bin"])})
     with pytest.raises(
-        ParticipantError, match=f"receipt of participant 'rank0' is malformed: .*'a.bin' .*{field.replace('_', ' ')}"
+        ParticipantError, match=rf"receipt of participant 'rank0' is malformed: .*files\['a.bin'\]\.{field}: "
     ):
         txn.commit(receipts=[forged])
     assert_nothing_published(store)

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from rlckpt.errors import (
     BadSignatureError,
     CorruptBundleError,
-    InvalidPathError,
-    NewerFormatError,
     UncommittedBundleError,
     UnsafeObjectError,
     UnsignedBundleError,
@@ -147,12 +145,7 @@ def check_records(
         raise CorruptBundleError(f"{where}: {MANIFEST_NAME} has {actual}, {COMMIT_NAME} names {marker.manifest}")
     if trust is not None:
         check_signature(marker, trust, where)
-    try:
-        manifest = Manifest.from_bytes(manifest_bytes)
-    except NewerFormatError as exc:
-        raise NewerFormatError(f"{where}: {MANIFEST_NAME}: {exc}") from None
-    except (ValueError, KeyError, InvalidPathError) as exc:
-        raise CorruptBundleError(f"{where}: {MANIFEST_NAME} is invalid: {exc}") from exc
+    manifest = Manifest.from_bytes(manifest_bytes, f"{where}: {MANIFEST_NAME}")
     if manifest.step != step or manifest.txid != marker.txid:
         raise CorruptBundleError(
             f"{where}: {MANIFEST_NAME} is for step {manifest.step} txid {manifest.txid}, "
@@ -198,12 +191,7 @@ def _marker(step: int, marker_bytes: bytes, where: str) -> CommitMarker:
         raise CorruptBundleError(
             f"{where}: {COMMIT_NAME} is {len(marker_bytes)} bytes, over its cap of {COMMIT_MAX_BYTES}"
         )
-    try:
-        marker = CommitMarker.from_bytes(marker_bytes)
-    except NewerFormatError as exc:
-        raise NewerFormatError(f"{where}: {COMMIT_NAME}: {exc}") from None
-    except (ValueError, KeyError) as exc:
-        raise CorruptBundleError(f"{where}: {COMMIT_NAME} is malformed: {exc}") from exc
+    marker = CommitMarker.from_bytes(marker_bytes, f"{where}: {COMMIT_NAME}")
     if marker.step != step:
         raise CorruptBundleError(f"{where}: {COMMIT_NAME} names step {marker.step}, not {step}")
     return marker

@@ -1,47 +1,42 @@
 """The manifest and COMMIT marker records and their canonical JSON form (the bytes that get digested).
 
-Each record states its format; this rlckpt writes MANIFEST_FORMAT / COMMIT_FORMAT and reads every
-format down to 1:
-
-- manifest 1, COMMIT 1: every digest is sha256 (entry key `sha256`, COMMIT key `manifest_sha256`).
-- manifest 2, COMMIT 2: every digest names its algorithm (entry keys `algorithm` + `digest`, COMMIT keys
-  `manifest_algorithm` + `manifest_digest`), and both records name the rlckpt version that wrote them
-  (`writer_version`).
-- COMMIT 3: names the run it was written in (`run`, the id of the run's `_run.json`) and carries the
-  bundle's signature (`signature`: null, or the signing key's id and its Ed25519 signature of the run,
-  the step and the manifest's digest; see signing.py).
-
-A record of a newer format is refused with NewerFormatError, in one line naming the format and the
-version that wrote it. Each format's keys are closed: a key this rlckpt does not know is refused.
+Each record states its format; this rlckpt writes MANIFEST_FORMAT / COMMIT_FORMAT and reads every format
+down to 1, each declared in manifest_formats.py (the one statement of their keys, which the readers here
+check and docs/formats.md is rendered from). A malformed record is refused with CorruptBundleError naming
+the file, the record and the field; one of a newer format with NewerFormatError, in one line naming the
+format and the version that wrote it. Each format's keys are closed: a key this rlckpt does not know is
+refused.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any, TypeGuard
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import rlckpt
-from rlckpt.errors import InvalidPathError, NewerFormatError
+from rlckpt.errors import NewerFormatError
+from rlckpt.formats import MapKey, Record, Refusal, read_format, readable
 
 from .digest import SHA256, Digest
+from .manifest_formats import (
+    COMMIT_FORMAT,
+    COMMIT_FORMATS,
+    FILE_ENTRY,
+    MANIFEST_FORMAT,
+    MANIFEST_FORMATS,
+    RUN_ID,
+)
 from .path_set import PathSet
-from .paths import is_txid, validate_relpath, validate_step
+from .paths import COMMIT_NAME, MANIFEST_NAME
 
-MANIFEST_FORMAT = 2
-COMMIT_FORMAT = 3
-COMPRESSIONS = (None, "zstd")
 # Caps on what a reader will fetch of each metadata record: no object in a run can make it allocate more.
 COMMIT_MAX_BYTES = 64 << 10
 MANIFEST_MAX_BYTES = 32 << 20  # ~180k files with short paths (docs/store-protocol.md, "Records")
 
-_RUN_ID = re.compile(r"[0-9a-f]{32}")  # run_record.RUN_ID_PATTERN
-_KEY_ID = re.compile(r"[0-9a-f]{32}")  # signing.key_id_of
-_SIGNATURE_HEX = re.compile(r"[0-9a-f]{128}")  # an Ed25519 signature: 64 bytes
-SIGNATURE_ALGORITHMS = ("ed25519",)
-_VERSION = re.compile(r"[0-9A-Za-z][0-9A-Za-z.+!_-]{0,63}")  # a PEP 440 version, as a plain token
+_RUN_ID = re.compile(RUN_ID)
 _MAJOR_MINOR = re.compile(r"([0-9]+)\.([0-9]+)")
 
 
@@ -78,40 +73,30 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-def _record_format(obj: dict[str, Any], what: str, written: int) -> int:
-    """The format a record states: one this rlckpt reads (1..written), or NewerFormatError in one line
-    naming the format and the version that wrote it; ValueError when it states none."""
-    found = obj.get("format")
-    if not _is_count(found) or found < 1:
-        raise ValueError(f"{what} has no format number: {found!r:.40}")
-    if found > written:
+def _read_record(formats: Sequence[Record], data: bytes, where: str) -> tuple[dict[str, Any], Record]:
+    """The record in `data` and the declaration of the format it is in: canonical JSON of a format this
+    rlckpt reads, every field as that format declares it.
+
+    Raises:
+        NewerFormatError: a format newer than this rlckpt reads (one line naming it and its writer).
+        CorruptBundleError: naming `where`, the record and the field: anything else.
+    """
+    today = formats[-1]
+    try:
+        obj = parse_canonical(data, today.name)
+    except ValueError as exc:
+        raise today.error(f"{where}: {exc}" if where else str(exc)) from None
+    newest = today.format
+    number = obj.get("format")
+    if type(number) is int and newest is not None and number > newest:
         version = obj.get("writer_version")
         release = _MAJOR_MINOR.match(version) if isinstance(version, str) else None
         by = f"a newer rlckpt {release[1]}.{release[2]}" if release else "a newer rlckpt"
         raise NewerFormatError(
-            f"{what} format {found} was written by {by}; this rlckpt {rlckpt.__version__} reads {what} formats "
-            f"1-{written}: upgrade rlckpt to read it"
+            f"{where}: " * bool(where) + f"{today.name} format {number} was written by {by}; this rlckpt "
+            f"{rlckpt.__version__} reads {today.name} {readable(formats)}: upgrade rlckpt to read it"
         )
-    return found
-
-
-def _check_keys(obj: dict[str, Any], keys: frozenset[str], what: str) -> None:
-    unknown = sorted(set(obj) - keys)
-    if unknown:
-        raise ValueError(f"{what} has unknown keys {unknown[:5]!r:.200}")
-    missing = sorted(keys - set(obj))
-    if missing:
-        raise ValueError(f"{what} lacks {missing}")
-
-
-def _writer_version(value: Any, what: str) -> str:
-    if not isinstance(value, str) or _VERSION.fullmatch(value) is None:
-        raise ValueError(f"{what} has a bad writer_version: {value!r:.80}")
-    return value
-
-
-def _is_count(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return obj, read_format(formats, obj, where)
 
 
 # --- file entries -----------------------------------------------------------------------------------
@@ -137,41 +122,27 @@ class FileEntry:
         }
 
 
-_ENTRY_KEYS = {
-    1: frozenset({"size", "sha256", "logical_size", "compression"}),
-    2: frozenset({"size", "algorithm", "digest", "logical_size", "compression"}),
-}
+def read_file_entry(raw: Any) -> FileEntry:
+    """An entry of today's format (a receipt's: the commit checks each as the manifest reader will).
+
+    Raises:
+        Refusal: naming the field: what ``FILE_ENTRY`` refuses, or sizes that differ though uncompressed.
+    """
+    FILE_ENTRY.check(raw)
+    return _file_entry(raw, MANIFEST_FORMAT)
 
 
-def parse_file_entry(relpath: str, raw: Any, manifest_format: int = MANIFEST_FORMAT) -> FileEntry:
-    """A file entry from its JSON form in `manifest_format`; ValueError naming `relpath` on anything
-    malformed. The one check of an entry: the manifest reader and the commit (each receipt's entries, in
-    today's format) both decide here."""
-    what = f"manifest entry for {relpath!r}"
-    if not isinstance(raw, dict):
-        raise ValueError(f"{what} is not an object")
-    _check_keys(raw, _ENTRY_KEYS[manifest_format], what)
-    size, logical, comp = raw["size"], raw["logical_size"], raw["compression"]
-    for name, value in (("size", size), ("logical_size", logical)):
-        if not _is_count(value):
-            raise ValueError(f"{what} has a bad {name}: {value!r:.40}")
-    try:
-        digest = Digest(SHA256, raw["sha256"]) if manifest_format == 1 else Digest(raw["algorithm"], raw["digest"])
-    except ValueError as exc:
-        raise ValueError(f"{what} has a bad digest: {exc}") from None
-    if comp not in COMPRESSIONS:
-        raise ValueError(f"{what} has an unknown compression: {comp!r:.40}")
-    if comp is None and logical != size:
-        raise ValueError(f"{what} is uncompressed but its logical size {logical} is not its size {size}")
-    return FileEntry(size=size, digest=digest, logical_size=logical, compression=comp)
+def _file_entry(raw: dict[str, Any], manifest_format: int) -> FileEntry:
+    """The entry `raw`, which its format's declaration accepted; Refusal when it is uncompressed and its
+    logical size is not its size (what no declaration states: one field against another)."""
+    size, logical, compression = raw["size"], raw["logical_size"], raw["compression"]
+    if compression is None and logical != size:
+        raise Refusal(f"uncompressed, so its logical size must be its size ({size}), got {logical}", "logical_size")
+    digest = Digest(SHA256, raw["sha256"]) if manifest_format == 1 else Digest(raw["algorithm"], raw["digest"])
+    return FileEntry(size=size, digest=digest, logical_size=logical, compression=compression)
 
 
 # --- manifest ---------------------------------------------------------------------------------------
-
-_MANIFEST_KEYS = {
-    1: frozenset({"format", "step", "txid", "created", "metadata", "files"}),
-    2: frozenset({"format", "step", "txid", "created", "metadata", "files", "writer_version"}),
-}
 
 
 @dataclass(frozen=True)
@@ -219,39 +190,35 @@ class Manifest:
         )
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> Manifest:
-        """Parse and validate manifest bytes of any format this rlckpt reads.
+    def from_bytes(cls, data: bytes, where: str = MANIFEST_NAME) -> Manifest:
+        """Parse manifest bytes of any format this rlckpt reads, checked against that format's declaration
+        (``MANIFEST_FORMATS``), then each file's sizes against each other and its path against the others.
 
         Raises:
             NewerFormatError: a format newer than this rlckpt reads (one line naming it and its writer).
-            ValueError (or InvalidPathError): anything malformed.
+            CorruptBundleError: naming `where`, the record and the field: anything malformed.
         """
-        obj = parse_canonical(data, "manifest")
-        fmt = _record_format(obj, "manifest", MANIFEST_FORMAT)
-        _check_keys(obj, _MANIFEST_KEYS[fmt], "manifest")
-        files_obj = obj["files"]
-        if not isinstance(files_obj, dict):
-            raise ValueError("manifest 'files' is not an object")
+        obj, record = _read_record(MANIFEST_FORMATS, data, where)
+        assert record.format is not None
         files: dict[str, FileEntry] = {}
         paths = PathSet()
-        for relpath, raw in files_obj.items():
-            validate_relpath(relpath)
-            files[relpath] = parse_file_entry(relpath, raw, fmt)
-            clash = paths.add(relpath)
-            if clash is not None:
-                raise InvalidPathError(clash.describe())
-        if not isinstance(obj["metadata"], dict):
-            raise ValueError("manifest 'metadata' is not an object")
-        if not is_txid(obj["txid"]) or not isinstance(obj["created"], str):
-            raise ValueError(f"manifest has a bad txid {obj['txid']!r:.80} or no 'created' string")
+        for relpath, raw in obj["files"].items():
+            try:
+                files[relpath] = _file_entry(raw, record.format)
+                clash = paths.add(relpath)
+                if clash is not None:
+                    raise Refusal(clash.describe())
+            except Refusal as refusal:
+                refusal.steps[:0] = ["files", MapKey(relpath)]
+                raise record.refusal(refusal.path, refusal.problem, where) from None
         return cls(
-            step=validate_step(obj["step"]),
+            step=obj["step"],
             txid=obj["txid"],
             created=obj["created"],
             files=files,
             metadata=obj["metadata"],
-            format=fmt,
-            writer_version=_writer_version(obj["writer_version"], "manifest") if fmt >= 2 else None,
+            format=record.format,
+            writer_version=obj.get("writer_version"),
         )
 
 
@@ -270,28 +237,14 @@ class CommitSignature:
     def to_json(self) -> dict[str, Any]:
         return {"algorithm": self.algorithm, "key_id": self.key_id, "value": self.value.hex()}
 
-    @classmethod
-    def from_json(cls, raw: Any) -> CommitSignature:
-        """ValueError on anything but an object of exactly these three keys, each well-formed."""
-        if not isinstance(raw, dict):
-            raise ValueError(f"COMMIT's signature is not an object or null: {raw!r:.80}")
-        _check_keys(raw, frozenset({"algorithm", "key_id", "value"}), "COMMIT's signature")
-        if raw["algorithm"] not in SIGNATURE_ALGORITHMS:
-            raise ValueError(f"COMMIT's signature is of an unknown algorithm {raw['algorithm']!r:.40}")
-        if not isinstance(raw["key_id"], str) or _KEY_ID.fullmatch(raw["key_id"]) is None:
-            raise ValueError(f"COMMIT's signature has a bad key_id: {raw['key_id']!r:.80}")
-        if not isinstance(raw["value"], str) or _SIGNATURE_HEX.fullmatch(raw["value"]) is None:
-            raise ValueError("COMMIT's signature value is not 128 lowercase hex digits")
-        return cls(key_id=raw["key_id"], value=bytes.fromhex(raw["value"]), algorithm=raw["algorithm"])
-
 
 @dataclass(frozen=True)
 class CommitMarker:
     """The COMMIT record: names the digest (and its algorithm) of the manifest bytes beside it and, from
     format 3, the run it was written in and the bundle's signature (None: unsigned).
 
-    To add a field: a dataclass field, its key in `_fields`, and its check in the reader of the format
-    that has it (`_COMMIT_READERS`)."""
+    To add a field: a dataclass field, its key in `_fields`, a new format declared in manifest_formats.py
+    (``COMMIT_FORMATS``) and its value read in `from_bytes`."""
 
     step: int
     txid: str
@@ -322,53 +275,30 @@ class CommitMarker:
         return canonical_json(self._fields())
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> CommitMarker:
-        """Parse and validate COMMIT bytes of any format this rlckpt reads.
+    def from_bytes(cls, data: bytes, where: str = COMMIT_NAME) -> CommitMarker:
+        """Parse COMMIT bytes of any format this rlckpt reads, checked against that format's declaration
+        (``COMMIT_FORMATS``).
 
         Raises:
             NewerFormatError: a format newer than this rlckpt reads (one line naming it and its writer).
-            ValueError: anything malformed.
+            CorruptBundleError: naming `where`, the record and the field: anything malformed.
         """
-        obj = parse_canonical(data, "COMMIT")
-        fmt = _record_format(obj, "COMMIT", COMMIT_FORMAT)
-        _check_keys(obj, _COMMIT_KEYS[fmt], "COMMIT")
-        if not is_txid(obj["txid"]):
-            raise ValueError(f"COMMIT has a bad txid: {obj['txid']!r:.80}")
-        return _COMMIT_READERS[fmt](obj, validate_step(obj["step"]))
-
-
-_COMMIT_KEYS = {
-    1: frozenset({"format", "step", "txid", "manifest_sha256"}),
-    2: frozenset({"format", "writer_version", "step", "txid", "manifest_algorithm", "manifest_digest"}),
-    3: frozenset(
-        {"format", "writer_version", "step", "txid", "manifest_algorithm", "manifest_digest", "run", "signature"}
-    ),
-}
-
-
-def _commit_1(obj: dict[str, Any], step: int) -> CommitMarker:
-    try:
-        digest = Digest(SHA256, obj["manifest_sha256"])
-    except ValueError as exc:
-        raise ValueError(f"COMMIT has a bad manifest_sha256: {exc}") from None
-    return CommitMarker(step=step, txid=obj["txid"], manifest=digest, format=1, writer_version=None)
-
-
-def _commit_2(obj: dict[str, Any], step: int) -> CommitMarker:
-    try:
-        digest = Digest(obj["manifest_algorithm"], obj["manifest_digest"])
-    except ValueError as exc:
-        raise ValueError(f"COMMIT names a bad manifest digest: {exc}") from None
-    version = _writer_version(obj["writer_version"], "COMMIT")
-    return CommitMarker(step=step, txid=obj["txid"], manifest=digest, format=2, writer_version=version)
-
-
-def _commit_3(obj: dict[str, Any], step: int) -> CommitMarker:
-    marker = _commit_2(obj, step)
-    if not isinstance(obj["run"], str) or _RUN_ID.fullmatch(obj["run"]) is None:
-        raise ValueError(f"COMMIT names a bad run id: {obj['run']!r:.80}")
-    signature = None if obj["signature"] is None else CommitSignature.from_json(obj["signature"])
-    return replace(marker, run=obj["run"], signature=signature, format=3)
-
-
-_COMMIT_READERS: dict[int, Callable[[dict[str, Any], int], CommitMarker]] = {1: _commit_1, 2: _commit_2, 3: _commit_3}
+        obj, record = _read_record(COMMIT_FORMATS, data, where)
+        assert record.format is not None
+        if record.format == 1:
+            manifest = Digest(SHA256, obj["manifest_sha256"])
+        else:
+            manifest = Digest(obj["manifest_algorithm"], obj["manifest_digest"])
+        signed = obj.get("signature")
+        signature = None
+        if signed is not None:
+            signature = CommitSignature(signed["key_id"], bytes.fromhex(signed["value"]), signed["algorithm"])
+        return cls(
+            step=obj["step"],
+            txid=obj["txid"],
+            manifest=manifest,
+            run=obj.get("run"),
+            signature=signature,
+            format=record.format,
+            writer_version=obj.get("writer_version"),
+        )

@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlckpt.errors import BundleExistsError, InvalidPathError, ParticipantError, TransactionStateError
+from rlckpt.formats import MapKey, Refusal
 
 from .backends import Backend
 from .claims import Claims
 from .files import FileWriter
-from .manifest import FileEntry, parse_file_entry
+from .manifest import FileEntry, read_file_entry
 from .paths import is_txid, validate_relpath, validate_step
 from .roster import Roster
 from .storage_errors import unavailable_as_store_error
@@ -70,7 +71,13 @@ class Receipt:
                 raise ValueError(f"receipt has a bad {key}: {obj.get(key)!r:.80}")
         if not isinstance(obj.get("files"), dict):
             raise ValueError(f"receipt 'files' is not an object: {type(obj.get('files')).__name__}")
-        files = {validate_relpath(rel): parse_file_entry(rel, raw) for rel, raw in obj["files"].items()}
+        files: dict[str, FileEntry] = {}
+        for rel, raw in obj["files"].items():
+            try:
+                files[validate_relpath(rel)] = read_file_entry(raw)
+            except Refusal as refusal:
+                refusal.steps[:0] = ["files", MapKey(rel)]
+                raise ValueError(f"receipt: {refusal}") from None
         return cls(obj["txid"], obj["participant"], files)
 
 

@@ -57,6 +57,8 @@ def valid_values(kind: Kind) -> st.SearchStrategy[Any]:
             return st.sampled_from(kind.choices)
         if kind.pattern is not None:
             return st.from_regex(kind.pattern, fullmatch=True)
+        if type(kind) is not Str:  # a kind of str with a check of its own (a bundle-relative path)
+            return st.text(max_size=8).filter(lambda value: not _refuses(kind, value))
         return st.text(max_size=8)
     if isinstance(kind, Nullable):
         return st.one_of(st.none(), valid_values(kind.inner))
