@@ -67,7 +67,8 @@ class StoreEntry:
     signature: "signed" (COMMIT carries a signature: checked by a store with a verify key, only present
     without one), "unsigned", "bad" (a store with a verify key refused it; the entry is then "corrupt",
     `detail` says why), or None (no COMMIT that reads). `signed_by` is the signing key's id, `run` the
-    run id COMMIT names (None before COMMIT format 3).
+    run id COMMIT names (None before COMMIT format 3), `manifest_digest` the manifest digest it names
+    (`algorithm:hex`): with `run`, what tells a replica of this very bundle from another bundle of the step.
     """
 
     step: int
@@ -85,6 +86,7 @@ class StoreEntry:
     signature: str | None = None
     signed_by: str | None = None
     run: str | None = None
+    manifest_digest: str | None = None
 
 
 class BundleStore:
@@ -460,42 +462,24 @@ class BundleStore:
             detail = intent.describe() + (f": {reason}" if reason else "")
             state = "stale" if reason else "writing"
             return StoreEntry(step, state, sum(staged.values()), len(staged), created, intent.txid, detail, path)
-        if irregular is not None:
+
+        def unread(state: str, detail: str, signature: str | None = None) -> StoreEntry:
+            """An entry whose records were not read (or did not read): what the listing says of it."""
             return StoreEntry(
-                step,
-                "corrupt",
-                sum(files.values()),
-                len(data_files),
-                None,
-                None,
-                f"step {step} at {self.url}: {irregular}",
-                path,
+                step, state, sum(files.values()), len(data_files), None, None, detail, path, signature=signature
             )
+
+        if irregular is not None:
+            return unread("corrupt", f"step {step} at {self.url}: {irregular}")
         if COMMIT_NAME not in files:
-            return StoreEntry(step, "uncommitted", sum(files.values()), len(data_files), None, None, "no COMMIT", path)
+            return unread("uncommitted", "no COMMIT")
         try:
             checked = load_checked(self.backend, self.url, step, trust=trust)
         except (CorruptBundleError, UncommittedBundleError) as exc:
-            signature = (
-                "unsigned"
-                if isinstance(exc, UnsignedBundleError)
-                else "bad"
-                if isinstance(exc, BadSignatureError)
-                else None
-            )
-            return StoreEntry(
-                step,
-                "corrupt",
-                sum(files.values()),
-                len(data_files),
-                None,
-                None,
-                str(exc),
-                path,
-                signature=signature,
-            )
+            bad = "bad" if isinstance(exc, BadSignatureError) else None
+            return unread("corrupt", str(exc), "unsigned" if isinstance(exc, UnsignedBundleError) else bad)
         except NewerFormatError as exc:
-            return StoreEntry(step, "newer", sum(files.values()), len(data_files), None, None, str(exc), path)
+            return unread("newer", str(exc))
         manifest, marker = checked.manifest, checked.marker
         return StoreEntry(
             step,
@@ -513,6 +497,7 @@ class BundleStore:
             signature="unsigned" if marker.signature is None else "signed",
             signed_by=None if marker.signature is None else marker.signature.key_id,
             run=marker.run,
+            manifest_digest=str(marker.manifest),
         )
 
     # --- maintenance --------------------------------------------------------------------------
