@@ -1,4 +1,5 @@
-"""A store that goes away when the test says so. On S3: a TCP forwarder in front of the real endpoint.
+"""A store that goes away, or goes silent, when the test says so. On S3: a TCP forwarder in front of the
+real endpoint.
 
 with Outage(endpoint) as outage:
     store = BundleStore(url, {**options, "endpoint_url": outage.endpoint})
@@ -6,6 +7,9 @@ with Outage(endpoint) as outage:
     outage.cut()                    # connections open through it are dropped, new ones refused
     bundle.read_bytes("x")          # sees the server gone, as after a crash or a network partition
     outage.restore()                # ... and back, on the same endpoint
+
+    outage.silence()                # or: connections are accepted and never answered (a hung gateway)
+    bundle.read_bytes("x")          # waits, until its read timeout or until `cut()` resets it
 
 The session's S3 server keeps running for every other test.
 """
@@ -39,6 +43,9 @@ class Outage:
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._cut = False
+        self._silent = False
+        self._held = threading.Condition(self._lock)  # notified when silence holds another connection
+        self._held_count = 0
         self._accepting = threading.Thread(target=self._accept, name="outage-accept", daemon=True)
 
     @property
@@ -53,6 +60,29 @@ class Outage:
     def __exit__(self, *exc: Any) -> None:
         self.cut()
         self._accepting.join(timeout=10)
+
+    def silence(self) -> None:
+        """The server stops answering: connections open through it are reset (a client's pooled ones), and
+        every new one is accepted and then left without a byte — no request through it ever ends by
+        itself, only by its client's read timeout or by `cut()`."""
+        with self._lock:
+            self._silent = True
+            doomed = list(self._open)
+            self._open.clear()
+        for sock in doomed:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def held(self) -> int:
+        """How many connections silence has accepted and left unanswered so far."""
+        with self._lock:
+            return self._held_count
+
+    def wait_until_held(self, timeout: float = 60.0) -> bool:
+        """Block until silence holds a connection (a call waits on it); False if none came in `timeout` s."""
+        with self._held:
+            return self._held.wait_for(lambda: self._held_count > 0, timeout)
 
     def cut(self) -> None:
         """The server goes away: the port stops listening and every connection through it is reset."""
@@ -70,7 +100,7 @@ class Outage:
         self._accepting.join(timeout=10)
         with self._lock:
             self._listener = socket.create_server(("127.0.0.1", self._port))
-            self._cut = False
+            self._cut = self._silent = False
         self._accepting = threading.Thread(target=self._accept, name="outage-accept", daemon=True)
         self._accepting.start()
 
@@ -87,6 +117,8 @@ class Outage:
                 client, _ = self._listener.accept()
             except OSError:
                 return  # cut: the listener is closed
+            if self._hold_silently(client):
+                continue
             try:
                 upstream = socket.create_connection(self._upstream)
             except OSError:
@@ -98,6 +130,19 @@ class Outage:
                 return
             for source, sink in ((client, upstream), (upstream, client)):
                 threading.Thread(target=_pump, args=(source, sink), name="outage-pump", daemon=True).start()
+
+    def _hold_silently(self, client: socket.socket) -> bool:
+        """While silent: keep `client` open (until `cut()`) and answer nothing. False when not silent."""
+        with self._held:
+            if not self._silent:
+                return False
+            if self._cut:
+                client.close()
+            else:
+                self._open.add(client)
+                self._held_count += 1
+                self._held.notify_all()
+            return True
 
 
 def _pump(source: socket.socket, sink: socket.socket) -> None:
