@@ -1,5 +1,6 @@
-"""The run's replication actor on Ray (controller/replication.py): what the actor raises reaches the
-replication queue as itself, and a failed replication is reported in one line — the cause's class and
+"""The run's replication actor on Ray (controller/replication.py): it reads what the remote tier holds (after
+each replication, and when asked), what it raises reaches the replication queue as itself, and a failed
+replication is reported in one line — the cause's class and
 message, as every other error — in the event, the run's summary (`--json` `replication_failed`) and the
 progress line of `rlckpt train`, never as Ray's RayTaskError with the remote traceback and its colour codes.
 
@@ -60,3 +61,20 @@ def test_a_failed_replication_is_one_line_in_the_event_the_summary_and_the_progr
     assert events[-1]["error"] == error
     line = replication_line(events[-1], "the remote")
     assert line is not None and "\n" not in line and line.endswith(error)
+
+
+def test_the_actor_reads_what_the_remote_tier_holds_after_a_replication(tq_session, tmp_path):
+    import ray
+
+    local = str(tmp_path / "local")
+    for step in (2, 4):
+        save_sample(BundleStore(local), step)
+    replicator = start_ray_replicator(TrainConfig(run_dir=local, replicate_to=str(tmp_path / "remote")))
+    assert replicator is not None
+    try:
+        assert asyncio.run(replicator.survey()).newest is None  # nothing there yet
+        report = asyncio.run(replicator.replicate(2))
+        assert report.state is not None and report.state.newest == 2
+        assert asyncio.run(replicator.survey()).newest == 2
+    finally:
+        ray.kill(replicator.actor, no_restart=True)
