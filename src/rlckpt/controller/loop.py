@@ -159,11 +159,12 @@ class ControllerLoop:
     def _replication_holds(self) -> Callable[[], dict[int, str]] | None:
         """What local retention keeps while replication is on (tiers/holds.py): by what the replication worker
         last found the remote tier to hold, and the steps in flight or waiting here. Asked in retention's
-        thread; it lists the local tier only, so no save waits on the remote tier."""
+        thread; it lists the local tier only (one listing: retention reads the bundles itself), so no save
+        waits on the remote tier."""
         local, queue = self.store, self.replication
         if queue is None:
             return None
-        return lambda: queue.holds(local.steps())
+        return lambda: queue.holds(local.marked_steps())
 
     def _compress_data_plane(self) -> bool | None:
         """zstd for the data plane's files as asked; by default where they end up on an object store: the run

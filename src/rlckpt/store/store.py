@@ -349,6 +349,15 @@ class BundleStore:
             trust = self._trust()
             return [s for s in sorted(inv.steps) if inv.committed_marker(s) and self._passes(s, trust)]
 
+    def marked_steps(self) -> list[int]:
+        """Steps that hold a COMMIT object, ascending, from one listing and unchecked: every committed step
+        is among them (`steps()` checks each one's COMMIT and manifest). For a caller that only needs to
+        name every step that may be committed (a two-tier run's retention holds) without reading them."""
+        self._check_reachable()
+        with unavailable_as_store_error(self.url, "listing steps"):
+            inv = self.backend.scan()
+            return [s for s in sorted(inv.steps) if inv.committed_marker(s)]
+
     def _passes(self, step: int, trust: Trust | None) -> bool:
         try:
             load_checked(self.backend, self.url, step, with_listing=False, trust=trust)
