@@ -80,6 +80,13 @@ def test_train_refuses_a_signing_key_file_others_may_read_before_anything_starts
     assert not (tmp_path / "run").exists()
 
 
+def test_train_given_the_public_key_as_its_signing_key_says_it_is_the_public_key(cli, keys, tmp_path):
+    result = cli("train", "--run-dir", str(tmp_path / "run"), "--steps", "2", "--signing-key", keys.verify_key)
+    assert result.code == 64
+    assert f"signing key {keys.verify_key} is a public key: signing needs the private key" in one_line(result.err)
+    assert not (tmp_path / "run").exists()
+
+
 def test_train_takes_its_signing_key_from_the_environment(cli, keys, tmp_path, monkeypatch):
     os.chmod(keys.signing_key, 0o640)
     monkeypatch.setenv("RLCKPT_SIGNING_KEY", keys.signing_key)
