@@ -15,10 +15,10 @@ import pytest
 from rlckpt.controller.config import TrainConfig
 from rlckpt.errors import CheckpointError
 from rlckpt.grpo import GRPOConfig
-from rlckpt.store import BundleStore, SigningKey
+from rlckpt.store import COMMIT_FORMAT, BundleStore, SigningKey
 from rlckpt.testing.controller import InProcessRun, run_in_process
 from rlckpt.testing.dcp_ranks import quiet_dcp_warnings
-from rlckpt.testing.forge import forge_step
+from rlckpt.testing.forge import commit_json, forge_step, put_commit_json
 
 quiet_dcp_warnings()
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -65,6 +65,14 @@ def test_a_resume_with_the_verify_key_skips_an_unsigned_newer_bundle_loudly_and_
     store = BundleStore(run.url, verify_key=KEY.public)
     assert store.steps() == [2, 4, 6]  # step 6 saved anew, signed; the unsigned one moved to _quarantine/
     assert store.open(6).commit.signature.key_id == KEY.key_id
+
+
+def test_a_resume_with_the_verify_key_skips_an_unsigned_bundle_declaring_a_newer_format(run):
+    put_commit_json(run, 6, {**commit_json(run, 6), "format": COMMIT_FORMAT + 1})  # no rlckpt can check it here
+    resumed = asyncio.run(run_in_process(config(run.url, 6)))
+    assert resumed.restored is not None and resumed.restored.step == 4
+    (skipped,) = resumed.restored.skipped
+    assert skipped.step == 6 and f"bad signature: not checked (COMMIT format {COMMIT_FORMAT + 1}" in skipped.reason
 
 
 def test_a_pinned_resume_of_an_unsigned_bundle_is_refused(run):

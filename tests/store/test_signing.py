@@ -5,10 +5,13 @@ writes (`rlckpt.testing.forge`). Every test runs on local disk and on S3."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from rlckpt.errors import BadSignatureError, UnsignedBundleError
-from rlckpt.store import BundleStore, Digest, SigningKey
+from rlckpt.errors import BadSignatureError, NewerFormatError, UnsignedBundleError
+from rlckpt.store import COMMIT_FORMAT, MANIFEST_FORMAT, BundleStore, Digest, SigningKey
+from rlckpt.store.manifest import canonical_json
 from rlckpt.store.signing import bundle_message
 from rlckpt.testing.forge import (
     carry_signature,
@@ -18,7 +21,7 @@ from rlckpt.testing.forge import (
     put_commit_json,
     rewrite_run_record,
 )
-from rlckpt.testing.store_checks import save_sample
+from rlckpt.testing.store_checks import raw_path, save_sample
 
 
 @pytest.fixture
@@ -168,3 +171,47 @@ def test_a_save_over_an_unsigned_bundle_with_replace_corrupt_quarantines_it(stor
         txn.commit({"step": 2})
     assert store.steps() == [2]
     assert store.open(2).commit.signature.key_id == key.key_id
+
+
+# --- a format this rlckpt does not read: the signature decides first ---------------------------------------
+
+
+def test_an_unsigned_commit_declaring_a_newer_format_is_a_bad_signature_and_skipped(signed, key):
+    forge_step(plain(signed), 2, 6, {})
+    newer = {**commit_json(signed, 6), "format": COMMIT_FORMAT + 1, "writer_version": "9.0.0"}
+    newer["signature"] = {"key_id": key.key_id}  # claims the verify key: what anyone can write
+    put_commit_json(signed, 6, newer)
+    store = verifying(signed, key)
+    with pytest.raises(
+        BadSignatureError,
+        match=rf"step 6 at .*: bad signature: not checked \(COMMIT format {COMMIT_FORMAT + 1} was written by a "
+        rf"newer rlckpt 9.0; .*\); the verify key {key.key_id} accepts only bundles whose signature",
+    ):
+        store.open(6)
+    assert store.steps() == [2] and store.latest() == 2
+    assert [(e.step, e.state, e.signature) for e in store.entries()] == [
+        (2, "committed", "signed"),
+        (6, "corrupt", "bad"),
+    ]
+    with pytest.raises(NewerFormatError):  # without a verify key: a newer rlckpt's bundle, as before
+        plain(signed).open(6)
+
+
+def test_a_newer_manifest_under_the_keys_valid_signature_is_a_newer_bundle(signed, key):
+    forge_step(plain(signed), 2, 6, {})
+    manifest = canonical_json({**raw_manifest(signed, 6), "format": MANIFEST_FORMAT + 1, "writer_version": "9.0.0"})
+    signed.fs.pipe_file(raw_path(signed, "step_6", "manifest.json"), manifest)
+    marker = commit_json(signed, 6)
+    digest = Digest.of(manifest)
+    value = key.sign(bundle_message(marker["run"], 6, digest))  # what a newer rlckpt holding the key signs
+    marker.update(manifest_algorithm=digest.algorithm, manifest_digest=digest.hex)
+    marker["signature"] = {"algorithm": "ed25519", "key_id": key.key_id, "value": value.hex()}
+    put_commit_json(signed, 6, marker)
+    store = verifying(signed, key)
+    with pytest.raises(NewerFormatError, match=f"manifest format {MANIFEST_FORMAT + 1} was written by a newer"):
+        store.open(6)
+    assert store.latest() == 6  # signed by the key: nothing older is taken for the newest
+
+
+def raw_manifest(store: BundleStore, step: int) -> dict:
+    return json.loads(store.fs.cat_file(raw_path(store, f"step_{step}", "manifest.json")))
