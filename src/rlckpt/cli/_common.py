@@ -27,7 +27,8 @@ VERIFY_KEY_ENV = "RLCKPT_VERIFY_KEY"
 SIGNING_KEY_ENV = "RLCKPT_SIGNING_KEY"
 
 # How deep a JSON argument may nest. fsspec's options go three levels deep (config_kwargs.retries.mode);
-# a limit of our own refuses a 1 000-deep one with a reason, not with Python's RecursionError.
+# a limit of our own (rlckpt.formats.json_depth) refuses a 1 000-deep one with a reason, not with Python's
+# RecursionError.
 MAX_JSON_DEPTH = 32
 # How much of a refused JSON argument an error quotes.
 _SHOWN_CHARS = 80
@@ -73,31 +74,20 @@ def json_object_arg(text: str) -> dict[str, Any]:
     def no_constant(name: str) -> Any:
         raise ValueError(f"{name} is not a JSON number")
 
-    shown = repr(text) if len(text) <= _SHOWN_CHARS else repr(text[:_SHOWN_CHARS]) + "…"
+    from rlckpt.formats import json_depth, quoted
+
+    shown = quoted(text, _SHOWN_CHARS)
+    if json_depth(text) > MAX_JSON_DEPTH:  # refused before json's decoder, which recurses per level
+        raise argparse.ArgumentTypeError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         value = json.loads(text, parse_constant=no_constant)
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(f"not valid JSON ({exc.msg} at column {exc.colno}): {shown}") from None
-    except RecursionError:  # json's decoder recurses per level: deeper than the interpreter's stack
-        raise argparse.ArgumentTypeError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {shown}") from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"must be a JSON object, got {type(value).__name__}: {shown}")
-    if _json_depth(value) > MAX_JSON_DEPTH:
-        raise argparse.ArgumentTypeError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     return value
-
-
-def _json_depth(value: Any) -> int:
-    """Levels of objects and arrays in a parsed JSON value (a loop, so a deep value cannot overflow the stack)."""
-    depth, level = 0, [value]
-    while level:
-        containers = [v for v in level if isinstance(v, (dict, list))]
-        if containers:
-            depth += 1
-        level = [child for v in containers for child in (v.values() if isinstance(v, dict) else v)]
-    return depth
 
 
 def storage_options_arg(text: str) -> dict[str, Any]:

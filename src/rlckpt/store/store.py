@@ -27,6 +27,7 @@ from rlckpt.errors import (
     UnsafeStoreError,
     UnsignedBundleError,
 )
+from rlckpt.formats import quoted
 
 from .backends import Backend, make_backend
 from .bundle import Bundle
@@ -250,7 +251,7 @@ class BundleStore:
         """
         validate_step(step)
         if txid is not None and not is_txid(txid):
-            raise TransactionStateError(f"not a transaction id: {txid!r:.80}")
+            raise TransactionStateError(f"not a transaction id: {quoted(txid)}")
         self._ensure_writable()
         txid = txid or uuid.uuid4().hex
         step_dir = step_dirname(step)
@@ -302,7 +303,7 @@ class BundleStore:
         validate_participant(participant)
         validate_step(handle.step)
         if not is_txid(handle.txid):
-            raise TransactionStateError(f"not a transaction id: {handle.txid!r:.80}")
+            raise TransactionStateError(f"not a transaction id: {quoted(handle.txid)}")
         who = f"participant {participant}"
         roster = Roster(self.backend, self.url, handle.step, handle.txid)
         with unavailable_as_store_error(self.url, f"joining step {handle.step} as {who}"):
