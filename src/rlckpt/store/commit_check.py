@@ -30,13 +30,15 @@ from .signing import VerifyKey, bundle_message
 
 @dataclass(frozen=True)
 class Trust:
-    """What a reader with a verify key accepts: bundles signed by `key` for the run whose record names
-    `run_id`. `run_id` is None when the run has no readable record (`run_problem` says why): then no
-    signed bundle can be shown to be this run's, and none is accepted."""
+    """What a reader with a verify key accepts: bundles signed by `key` for run `run_id` — the reader's own
+    pin when `pinned`, else the id the run's record names. `run_id` is None when the run has no readable
+    record and no pin (`run_problem` says why): then no signed bundle can be shown to be this run's, and
+    none is accepted."""
 
     key: VerifyKey
     run_id: str | None
     run_problem: str = ""
+    pinned: bool = False
 
 
 @dataclass(frozen=True)
@@ -182,9 +184,9 @@ def check_signature(marker: CommitMarker, trust: Trust, where: str) -> None:
             f"({trust.run_problem})"
         )
     if marker.run != trust.run_id:
+        source = "the run this reader pinned" if trust.pinned else RUN_RECORD_NAME
         raise BadSignatureError(
-            f"{where}: bad signature: signed for another run ({marker.run}); this run is {trust.run_id} "
-            f"({RUN_RECORD_NAME})"
+            f"{where}: bad signature: signed for another run ({marker.run}); this run is {trust.run_id} ({source})"
         )
 
 
