@@ -66,7 +66,7 @@ CHECKPOINTER_BUNDLE = Record(
         "allowlist). Every piece it names must be in the manifest. A newer format, or none (a run bundle of "
         "`rlckpt train`), is refused in one line (`BundleFormatError`)."
     ),
-    written_by="rlckpt 0.1.0, from issue 26",
+    written_by="rlckpt 0.1.0, from 03b0043",
 )
 
 
