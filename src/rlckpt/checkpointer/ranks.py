@@ -30,10 +30,9 @@ DEFAULT_GROUP_TIMEOUT_S = 900.0  # a collective waits this long for a peer (a ra
 
 
 class RankGroup:
-    """This process's rank, the job's world size, and the Checkpointer's two gloo groups.
-
-    Made on every rank at once (``new_group`` is a collective of the default group): every rank makes its
-    Checkpointer at the same point of the program.
+    """This process's rank, the job's world size, and the Checkpointer's two gloo groups (None, and every
+    exchange local, for one process without torch.distributed). ``of_job`` makes them on every rank at once
+    (``new_group`` is a collective of the default group): every rank makes its Checkpointer at the same point.
     """
 
     def __init__(

@@ -98,7 +98,8 @@ def run(rank: int, world_size: int, port: int, spec: RanksSpec) -> None:
     with process_group(rank, world_size, port) as mesh:
         model, optim = sharded_policy(mesh, WIDTH, DEPTH, seed=5)
         planners = _Planners()
-        ckpt = Checkpointer(spec.url, storage_options=spec.storage_options, save_planner=planners)
+        # a short group timeout: a rank that waits for one that never comes fails the test in a minute
+        ckpt = Checkpointer(spec.url, storage_options=spec.storage_options, save_planner=planners, group_timeout_s=60)
 
         # 1: a bundle of one rank, at two
         state = policy_state(model, optim)
