@@ -139,9 +139,9 @@ def run_id_arg(text: str) -> str:
     from rlckpt.store.run_record import checked_run_id
 
     try:
-        return checked_run_id(text, "")
+        return checked_run_id(text)
     except StoreConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc).lstrip()) from None
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def run_id(args: argparse.Namespace) -> str | None:

@@ -82,15 +82,16 @@ class RunRecord:
         return cls(run_id=obj["run_id"], created=obj["created"])
 
 
-def checked_run_id(run_id: object, what: str = "run id") -> str:
+def checked_run_id(run_id: object, what: str = "") -> str:
     """`run_id` if it can be a run's id (32 lowercase hex digits, as `_run.json` holds it).
 
     Raises:
-        StoreConfigError: naming `what` and the value (shortened).
+        StoreConfigError: naming `what` (where the value came from, if anywhere) and the value (shortened).
     """
     if not isinstance(run_id, str) or re.fullmatch(RUN_ID_PATTERN, run_id) is None:
+        source = f"{what} " if what else ""
         raise StoreConfigError(
-            f"{what} {quoted(run_id)} is not a run id (32 lowercase hex digits, as `rlckpt ls --json` shows in `run`)"
+            f"{source}{quoted(run_id)} is not a run id (32 lowercase hex digits, as `rlckpt ls --json` shows in `run`)"
         )
     return run_id
 

@@ -122,7 +122,7 @@ class BundleStore:
         """
         self.signing_key = SigningKey.load(signing_key) if isinstance(signing_key, (str, os.PathLike)) else signing_key
         self.verify_key = VerifyKey.load(verify_key) if isinstance(verify_key, (str, os.PathLike)) else verify_key
-        self.run_id = None if run_id is None else checked_run_id(run_id, "the pinned run")
+        self.run_id = None if run_id is None else checked_run_id(run_id, f"store {url}: the pinned run")
         if self.run_id is not None and self.verify_key is None:
             raise StoreConfigError(
                 f"store {url}: a pinned run ({self.run_id}) goes with a verify key: without one no signature is "
