@@ -27,6 +27,7 @@ from rlckpt.errors import (
 from rlckpt.store import BundleStore, BundleTransaction, Retention, SigningKey
 from rlckpt.testing.checkpointer import FailingSavePlanner, Trainer
 from rlckpt.testing.dcp_ranks import bitwise_equal, quiet_dcp_warnings
+from rlckpt.testing.forge import copy_bundle, rewrite_run_record
 from rlckpt.testing.pause import Background, PauseAt
 from rlckpt.testing.store_checks import corrupt_file, debris
 
@@ -343,6 +344,20 @@ def test_a_signed_run_is_read_with_its_key_and_refused_with_another(run, tmp_pat
         assert ckpt.restore(Trainer().state()).step == 2
     with _checkpointer(run, verify_key=other.public) as ckpt, pytest.raises(CheckpointError, match="verifies"):
         ckpt.restore(Trainer().state())
+
+
+def test_a_checkpointer_pinned_to_its_run_restores_its_own_bundle_past_another_runs_with_the_same_key(run):
+    key, (url, options) = SigningKey.generate(), run
+    other = (url + "-x", options)
+    _saved(other, steps=(4,), signing_key=key)
+    saved = _saved(run, steps=(2,), signing_key=key)
+    run_id = _store(run).run_record().run_id
+    copy_bundle(_store(other), 4, _store(run))  # run X's newer bundle and X's _run.json, in run Y
+    rewrite_run_record(_store(run), _store(other).run_record().run_id)
+    fresh = Trainer()
+    with _checkpointer(run, verify_key=key.public, run_id=run_id) as ckpt:
+        assert ckpt.restore(fresh.state()).step == 2
+    assert bitwise_equal(fresh.tensors(), saved[2]) == []  # Y's weights, not X's
 
 
 def test_settings_come_as_a_config_or_as_keywords_not_both(tmp_path):

@@ -103,3 +103,18 @@ def test_json_that_does_not_parse_is_refused():
 def test_pieces_live_under_extra_and_a_ranks_own_under_its_rank():
     assert piece_path("loader", "json") == "extra/loader.json"
     assert piece_path("rng", "pt", rank=3) == "extra/rank3/rng.pt"
+
+
+def test_a_json_piece_nested_800_deep_is_refused_at_the_restore_in_one_line():
+    with pytest.raises(UnsafeContentError, match="extra/loader.json: .*nested deeper than 64 levels") as refused:
+        decode_piece("json", b"[" * 800 + b"]" * 800, "step 4: extra/loader.json")
+    assert "\n" not in str(refused.value)
+
+
+def test_a_piece_nested_deeper_than_a_restore_reads_is_refused_at_the_save():
+    deep: list = []
+    for _ in range(64):
+        deep = [deep]
+    with pytest.raises(ExtraPieceError, match="piece 'p' is nested deeper than 64 levels"):
+        encode_piece("p", deep)
+    assert _round_trip(deep[0]) == ("json", deep[0])  # 64 levels: saved and read back

@@ -70,6 +70,7 @@ class PolicyLocation:
     prefix: str = layout.POLICY_DIR  # the DCP checkpoint's directory, or the file of a whole policy
     form: PolicyForm = POLICY_DCP  # "whole": one file of the trainer's unsharded state (run formats 1-2)
     verify_key: VerifyKey | None = None  # the driver's store's: the ranks refuse what it would refuse
+    run_id: str | None = None  # the driver's store's pinned run, if any
 
 
 class TrainerStateSink(Protocol):
@@ -176,7 +177,13 @@ async def restore_run(
         phase.begin_restore(step)
         try:
             location = PolicyLocation(
-                store.url, dict(store.storage_options), step, run.policy_path, run.policy_form, store.verify_key
+                store.url,
+                dict(store.storage_options),
+                step,
+                run.policy_path,
+                run.policy_form,
+                store.verify_key,
+                store.run_id,
             )
             await trainer.load_policy(location)  # 3
             loader_state = checked.loader_state

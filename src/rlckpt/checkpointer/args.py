@@ -81,13 +81,15 @@ def config_from_args(args: argparse.Namespace, url: str) -> CheckpointerConfig:
     """The CheckpointerConfig the flags describe, for the run at `url`.
 
     Raises:
-        ValueError: rules that do not go together (--metric without --keep-best, ...).
+        ValueError: rules that do not go together (--metric without --keep-best, ...); StoreConfigError (a
+            ValueError): a $RLCKPT_RUN_ID that is not a run id.
         KeyFileError: a key file that cannot be used.
     """
     if args.metric is not None and args.keep_best is None and args.replica_keep_best is None:
         raise ValueError(f"--metric {args.metric} is for --keep-best (or --replica-keep-best), and neither is given")
     signing_key = _common.signing_key(args)
     verify_key = _common.verify_key(args) or (signing_key.public if signing_key else None)
+    run_id = _common.run_id(args)
     replication = None
     if args.replicate_to is not None:
         replication = ReplicationConfig(
@@ -96,6 +98,7 @@ def config_from_args(args: argparse.Namespace, url: str) -> CheckpointerConfig:
             every=args.replicate_every,
             retention=_retention(args, "replica_"),
             verify_key=verify_key,
+            run_id=run_id,
         )
     elif any(getattr(args, f"replica_{rule}") is not None for rule in ("keep_last", "keep_every", "keep_best")):
         raise ValueError("--replica-keep-* rules need a remote tier (--replicate-to)")
@@ -106,6 +109,7 @@ def config_from_args(args: argparse.Namespace, url: str) -> CheckpointerConfig:
         replication=replication,
         signing_key=signing_key,
         verify_key=verify_key,
+        run_id=run_id,
         async_save=not args.sync_saves,
     )
 

@@ -36,7 +36,8 @@ class CheckpointerConfig:
         `replication.every`-th committed save and each one saved with `last=True`; the remote tier keeps what
         `replication.retention` keeps. A restore takes the newest bundle that verifies on either tier.
     signing_key: every COMMIT is signed (only rank 0 uses it). verify_key: only bundles that key signed for
-        this run are read and kept; by default the signing key's public half.
+        this run are read and kept; by default the signing key's public half. run_id: with a verify key, the
+        run "this run" is, whatever its `_run.json` says (a key shared by several runs: docs/security.md).
     async_save: `save()` returns once the state is staged in host memory (True) or once it is committed.
     save_failure: a save that failed in the background raises at the next `save()`/`wait()` ("raise") or
         is only logged ("log").
@@ -52,6 +53,7 @@ class CheckpointerConfig:
     replication: ReplicationConfig | None = None
     signing_key: SigningKey | None = None
     verify_key: VerifyKey | None = None
+    run_id: str | None = None
     async_save: bool = True
     save_failure: SaveFailure = "raise"
     group_timeout_s: float = DEFAULT_GROUP_TIMEOUT_S
@@ -70,6 +72,10 @@ class CheckpointerConfig:
             object.__setattr__(self, "replication", dataclasses.replace(self.replication, verify_key=self.verify_key))
         if self.replication is not None and self.replication.verify_key != self.verify_key:
             raise ValueError("the remote tier reads with the run's verify key: give ReplicationConfig it, or none")
+        if self.replication is not None and self.replication.run_id is None and self.run_id is not None:
+            object.__setattr__(self, "replication", dataclasses.replace(self.replication, run_id=self.run_id))
+        if self.replication is not None and self.replication.run_id != self.run_id:
+            raise ValueError("the remote tier is read for the run's pinned run id: give ReplicationConfig it, or none")
         if self.save_failure not in ("raise", "log"):
             raise ValueError(f"save_failure must be 'raise' or 'log', got {self.save_failure!r}")
         if not (math.isfinite(self.group_timeout_s) and self.group_timeout_s > 0):
@@ -81,7 +87,13 @@ class CheckpointerConfig:
 
     def store(self) -> BundleStore:
         """The run's store (the local tier with a remote one), with the run's keys."""
-        return BundleStore(self.url, self.storage_options, signing_key=self.signing_key, verify_key=self.verify_key)
+        return BundleStore(
+            self.url,
+            self.storage_options,
+            signing_key=self.signing_key,
+            verify_key=self.verify_key,
+            run_id=self.run_id,
+        )
 
     def tiers(self) -> list[BundleStore]:
         """The stores a restore looks at, in order of preference: the run's, then the remote tier's."""

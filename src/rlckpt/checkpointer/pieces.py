@@ -4,7 +4,8 @@ A piece is written in the first of two forms that holds it exactly, and read bac
 runs no code from the bundle (docs/security.md):
 
 - ``json``: plain data that JSON gives back as it was — dicts with str keys, lists, str, int, float (NaN and
-  infinities included), bool, None. Read with ``json.loads``.
+  infinities included), bool, None — nested at most ``MAX_JSON_DEPTH`` levels. Read with
+  ``rlckpt.formats.load_json`` (json, with that bound checked before the parse).
 - ``pt``: tensors (CPU, not DTensor) in plain containers (dicts of any plain key, lists, tuples) and plain
   values: ``torch.save``, checked before it is written by the very check its reader makes
   (``safeload.check_torch_bytes``: a zip archive naming only tensor machinery), read with
@@ -27,6 +28,7 @@ from typing import Any, Literal
 import torch
 
 from rlckpt.errors import ExtraPieceError, UnsafeContentError
+from rlckpt.formats import MAX_JSON_DEPTH, json_depth, load_json
 from rlckpt.safeload import check_torch_bytes, load_torch_bytes, save_torch_bytes
 
 PieceKind = Literal["json", "pt"]
@@ -75,7 +77,13 @@ def encode_piece(name: str, value: Any, who: str = "extra") -> EncodedPiece:
     if not isinstance(name, str) or re.fullmatch(NAME_PATTERN, name) is None:
         raise ExtraPieceError(f"{who}: piece name must be 1-64 of [A-Za-z0-9_-], got {name!r:.80}")
     if _exact_in_json(value):
-        return EncodedPiece(name, "json", json.dumps(value).encode())
+        data = json.dumps(value).encode()
+        if json_depth(data) > MAX_JSON_DEPTH:
+            raise ExtraPieceError(
+                f"{who}: piece {name!r} is nested deeper than {MAX_JSON_DEPTH} levels of dicts and lists; no reader "
+                "would load it"
+            )
+        return EncodedPiece(name, "json", data)
     problem = _not_savable(value, name)
     if problem is not None:
         raise ExtraPieceError(f"{who}: piece {problem}; save tensors, plain containers and plain values only")
@@ -96,8 +104,8 @@ def decode_piece(kind: str, data: bytes, origin: str) -> Any:
     """
     if kind == "json":
         try:
-            return json.loads(data)
-        except ValueError as exc:  # UnicodeDecodeError too
+            return load_json(data, "the piece")
+        except ValueError as exc:  # UnicodeDecodeError too; nested too deeply
             raise UnsafeContentError(f"{origin}: refused to load: not JSON ({exc})") from None
     if kind == "pt":
         return load_torch_bytes(data, origin)

@@ -63,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
 
     source = _common.open_store(args)
     dest = _common.open_store(
-        argparse.Namespace(url=args.dest, storage_options=args.dest_storage_options, verify_key=args.verify_key)
+        argparse.Namespace(
+            url=args.dest, storage_options=args.dest_storage_options, verify_key=args.verify_key, run_id=args.run_id
+        )
     )
     step = source.latest() if args.step is None else args.step
     if step is None:

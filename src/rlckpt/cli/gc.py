@@ -116,7 +116,12 @@ def retention(args: argparse.Namespace, store: Any) -> Any:
         raise StoreConfigError(f"{exc} (see rlckpt gc --help)") from None
     if args.replicated_to is None:
         return rules
-    remote = BundleStore(args.replicated_to, args.replicated_storage_options, verify_key=_common.verify_key(args))
+    remote = BundleStore(
+        args.replicated_to,
+        args.replicated_storage_options,
+        verify_key=_common.verify_key(args),
+        run_id=_common.run_id(args),
+    )
     return dataclasses.replace(rules, holds=replication_holds(store, remote))
 
 

@@ -152,6 +152,7 @@ def run_tiers(args: argparse.Namespace, local: Any) -> int:
         url=args.replicated_to,
         storage_options=args.replicated_storage_options,
         verify_key=getattr(args, "verify_key", None),
+        run_id=getattr(args, "run_id", None),
     )
     remote = _common.open_store(remote_args)
     rows, lag = side_by_side(local, remote)

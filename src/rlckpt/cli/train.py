@@ -348,6 +348,7 @@ def run(
             grace_s=args.grace_seconds,
             signing_key=signing_key,
             verify_key=verify_key,
+            run_id=_common.run_id(args),
         )
     except ValueError as exc:  # flags argparse cannot check one by one (--metric without --keep-best, ...)
         print(f"rlckpt train: error: {_common.printable(exc)} (see rlckpt train --help)", file=sys.stderr)
@@ -446,7 +447,8 @@ def run(
         reward = "-" if summary.reward is None else f"{summary.reward:.3f}"
         print(
             f"step {summary.step}  reward {reward}  policy_sha256 {summary.policy_sha256[:16]}…  "
-            f"bundles {bundles}  ({summary.steps_run} steps this run, resumed from {summary.resumed_from})"
+            f"bundles {bundles}  ({summary.steps_run} steps this run, resumed from {summary.resumed_from})  "
+            f"run {run_id}"
         )
     stopped = train_stop.stopped_line(result)
     if stopped is not None:

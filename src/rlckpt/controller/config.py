@@ -69,9 +69,11 @@ class TrainConfig:
     tq_config: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_TQ_CONFIG))
     # Signed bundles (docs/security.md): the controller signs every COMMIT with `signing_key` (the key
     # itself travels to the controller actor, never a path, and never to a trainer rank); a resume reads
-    # only bundles `verify_key` signed for this run, and so does retention.
+    # only bundles `verify_key` signed for this run, and so does retention. `run_id` pins "this run" (with a
+    # verify key): a key shared by several runs then cannot pass one run's bundles for another's.
     signing_key: SigningKey | None = None
     verify_key: VerifyKey | None = None
+    run_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.rollout_order not in ("in_order", "async"):
@@ -135,11 +137,18 @@ class TrainConfig:
             every=self.replicate_every,
             retention=rules,
             verify_key=self.verify_key,
+            run_id=self.run_id,
         )
 
     def store(self) -> BundleStore:
         """The run's store, with the run's keys: the one way the driver and the controller open it."""
-        return BundleStore(self.run_dir, self.storage_options, signing_key=self.signing_key, verify_key=self.verify_key)
+        return BundleStore(
+            self.run_dir,
+            self.storage_options,
+            signing_key=self.signing_key,
+            verify_key=self.verify_key,
+            run_id=self.run_id,
+        )
 
     @property
     def max_ahead(self) -> int:
