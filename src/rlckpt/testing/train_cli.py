@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 RUN_TIMEOUT_S = 420  # one run: Ray and TransferQueue start-up dominate (≈30-45 s on 2 cores)
@@ -62,3 +64,11 @@ def kill_run(proc: subprocess.Popen[bytes], ray_dir: str) -> None:
     proc.wait(timeout=30)
     subprocess.run(["pkill", "-9", "-f", ray_dir], check=False)
     time.sleep(1.0)
+
+
+def copy_run_dir(summary: dict[str, Any], dest: Path) -> str:
+    """A copy of a finished run's dir (its ``--json`` summary names it) as ``dest/run``, for a test that
+    changes bundles of a run other tests share."""
+    target = dest / "run"
+    shutil.copytree(summary["run_dir"], target)
+    return str(target)
