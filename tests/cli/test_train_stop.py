@@ -53,6 +53,15 @@ def test_a_stop_option_that_cannot_work_is_a_usage_error(cli, tmp_path, argv, me
     assert message in result.err
 
 
+@pytest.mark.parametrize("moment", ["0001-01-01", "0001-01-01T00:00:00"])
+def test_a_deadline_before_the_calendar_can_count_is_refused_as_not_in_the_future(cli, tmp_path, moment):
+    """Year 1 in local time has no unix timestamp on a machine at or east of UTC (datetime raises):
+    the refusal still says what is wrong with the deadline, not which function choked on it."""
+    result = cli("train", "--run-dir", str(tmp_path / "run"), "--save-by", moment)
+    assert result.code == 64, result.err
+    assert f"argument --save-by: {moment!r} is not in the future" in result.err
+
+
 def test_the_stop_options_reach_the_runs_config(cli, tmp_path, monkeypatch):
     seen = []
 

@@ -83,7 +83,15 @@ def _deadline_at(text: str) -> float:
         moment = datetime.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an ISO 8601 time (e.g. 2026-12-01T18:00:00Z): {text!r}") from None
-    at = moment.timestamp()  # a time without a zone is local time
+    try:
+        at = moment.timestamp()  # a time without a zone is local time
+    except (OverflowError, OSError, ValueError):  # e.g. 0001-01-01 in a zone east of UTC is before year 1
+        at = None
+    if at is None:  # a moment this system cannot count in seconds: say which side of now it is on
+        after = moment.replace(tzinfo=None) > datetime.now()
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is too far in the future to be a deadline" if after else f"{text!r} is not in the future"
+        )
     if at <= time.time():
         raise argparse.ArgumentTypeError(f"{text!r} is not in the future")
     return at
