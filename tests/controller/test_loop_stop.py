@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from rlckpt.controller.config import TrainConfig
-from rlckpt.controller.stopping import StopRequest
+from rlckpt.controller.stopping import StopOutcome, StopRequest
 from rlckpt.controller.trainer_group import LocalTrainerGroup
 from rlckpt.errors import FinalSaveAbortedError
 from rlckpt.grpo import GRPOConfig
@@ -367,6 +367,44 @@ def test_a_cancel_during_the_final_save_aborts_it_and_keeps_the_previous_bundle(
     asyncio.run(main())
     store = BundleStore(url, options)
     assert store.steps() == [2] and debris(store) == []
+
+
+def test_a_cancel_once_the_final_save_committed_leaves_the_step_reached_as_the_resume_point(tmp_path):
+    """What a second SIGTERM does in the stop's "committed" phase: the final save of step 3 has committed
+    and its retention is held; the driver cancels the run. Nothing is lost: the step reached is the
+    newest committed step (StopOutcome.lost_nothing: the driver exits 0)."""
+    run_dir = str(tmp_path / "run")
+    generating = Hold(3)
+    saved_2, committed = asyncio.Event(), asyncio.Event()
+
+    def on_event(event: dict) -> None:
+        if event.get("saved") == 2:
+            saved_2.set()
+        if event.get("event") == "stop_committed":
+            committed.set()
+
+    async def main() -> InProcessRun:
+        run = InProcessRun()
+        config = _config(run_dir, 8, keep_last=1)
+        task = asyncio.create_task(run_in_process(config, run=run, before_generate=generating, on_event=on_event))
+        await generating.reached.wait()
+        await saved_2.wait()  # and its retention: the next one is the final save's
+        with PauseAt(BundleStore, "gc") as retaining:
+            assert run.loop is not None
+            run.loop.request_stop(LONG_GRACE)
+            await asyncio.wait_for(committed.wait(), 60)  # a run that never says so fails, not hangs
+            await asyncio.to_thread(retaining.wait_reached)
+            task.cancel()
+            retaining.release()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        return run
+
+    run = asyncio.run(main())
+    assert run.loop is not None
+    outcome = StopOutcome(step=run.loop.state.step, last_committed_step=run.loop.committed_step)
+    assert outcome == StopOutcome(step=3, last_committed_step=3) and outcome.lost_nothing
+    assert 3 in BundleStore(run_dir).steps()
 
 
 def _leftover_tasks() -> list[str]:

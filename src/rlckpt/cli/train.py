@@ -60,8 +60,10 @@ resumes exactly N, or fails.
 SIGTERM saves and stops (--on-sigterm save, the default): the step in progress finishes, its
 bundle commits within --grace-seconds and the run exits 0 with the step it saved; a second SIGTERM
 or the grace period running out aborts that save cleanly (exit 143, the previous bundle stays the
-resume point). --save-by / --save-by-seconds end the run the same way at a deadline. Ctrl-C stops
-at once (exit 130).
+resume point), and the process ends within --grace-seconds + 30 s whatever the storage does. A
+SIGTERM during start-up stops it (exit 0, nothing to save yet). SIGTERM may reach every process of
+the job: the run's Ray processes leave it to this one. --save-by / --save-by-seconds end the run the
+same way at a deadline. Ctrl-C stops at once (exit 130).
 """
 
 
@@ -365,7 +367,7 @@ def run(
             started.shutdown()
         config, as_json = started.config, args.json
         run_dir = config.run_dir if config is not None else args.run_dir
-        store = started.store if started.store is not None else _no_store()
+        store = started.store
         if unsaved is not None:
             stop.outcome = _common.EXIT_TERMINATED
             return train_stop.report_unsaved(
@@ -521,13 +523,6 @@ def _train(
         print(train_stop.stopped_line(summary.stop_reason, last, trained=summary.steps_run > 0), file=sys.stderr)
     stop.outcome = _common.EXIT_OK
     return _common.EXIT_OK
-
-
-def _no_store() -> BundleStore:
-    """Stands in for the run's store when a stop came before it was opened: lists nothing."""
-    from rlckpt.store import BundleStore
-
-    return BundleStore("memory://rlckpt-train-stopped-before-its-store")
 
 
 def _overrun(args: argparse.Namespace, started: _Started) -> Callable[[int], None]:

@@ -6,9 +6,11 @@ second SIGTERM, or the first with ``--on-sigterm exit``, stops the run at once l
 save in flight aborted. ``--save-by`` / ``--save-by-seconds`` set a deadline
 by which the run has saved and stopped. Kept apart from train.py's other options and steps.
 
-The SIGTERM that stops at once raises KeyboardInterrupt, as Ctrl-C does: it is the one exception
-every wait unwinds on (Ray's own waits turn whatever a signal handler raises into a
-KeyboardInterrupt), and the handler records that it was a SIGTERM (``stopped_at_once``).
+What each SIGTERM does is ``StopState``'s: one state machine, one outcome per phase of the run and
+SIGTERM (docs/cli.md has the table). A SIGTERM that stops something at once (the start-up, or the
+run) raises KeyboardInterrupt, as Ctrl-C does: it is the one exception every wait unwinds on (Ray's
+own waits turn whatever a signal handler raises into a KeyboardInterrupt), and the state records
+that it was a SIGTERM (``startup_stopped``, ``stopped_at_once``).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def add_stop_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_GRACE_S,
         metavar="S",
         help="how long a stop (SIGTERM or deadline) may take; then the final save is aborted cleanly and the "
-        f"run exits 143 (default {DEFAULT_GRACE_S:.0f})",
+        f"run exits 143, within S + {STOP_MARGIN_S:.0f} s whatever the storage does (default {DEFAULT_GRACE_S:.0f})",
     )
     deadline = group.add_mutually_exclusive_group()
     deadline.add_argument(
@@ -292,7 +294,7 @@ def stopped_line(reason: str, last_committed_step: int | None, *, trained: bool)
 
 
 def report_stopped(
-    store: BundleStore, run_dir: str, *, reason: str, step: int | None, known_last: int | None, as_json: bool
+    store: BundleStore | None, run_dir: str, *, reason: str, step: int | None, known_last: int | None, as_json: bool
 ) -> int:
     """A stop that lost nothing though the run did not return its summary (start-up stopped, or a SIGTERM
     that stopped at once after the step reached had committed): the stderr line, the ``--json`` line; 0."""
@@ -304,7 +306,7 @@ def report_stopped(
 
 
 def report_unsaved(
-    exc: BaseException, store: BundleStore, run_dir: str, *, reason: str, known_last: int | None, as_json: bool
+    exc: BaseException, store: BundleStore | None, run_dir: str, *, reason: str, known_last: int | None, as_json: bool
 ) -> int:
     """A stop that ended without its final save (a SIGTERM that stops at once, or FinalSaveAbortedError:
     the grace period over): say so and what the resume point is; EXIT_TERMINATED."""
@@ -334,9 +336,12 @@ def _print_stop_json(
         print(json.dumps(record, sort_keys=True), flush=True)
 
 
-def _bundles_within(store: BundleStore, known_last: int | None) -> tuple[list[int] | None, int | None]:
+def _bundles_within(store: BundleStore | None, known_last: int | None) -> tuple[list[int] | None, int | None]:
     """The run dir's committed steps and the newest, listed in LIST_WAIT_S at most: a stop must not wait on a
-    store that does not answer. Then (None, ``known_last``): the newest step the run knew committed."""
+    store that does not answer. Else (None, ``known_last``): the newest step the run knew committed (None
+    too when the run stopped before it opened its store)."""
+    if store is None:
+        return None, known_last
     listed: list[list[int]] = []
 
     def listing() -> None:

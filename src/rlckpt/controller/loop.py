@@ -293,12 +293,17 @@ class ControllerLoop:
         await self._finish_save_in_flight_if_it_fits()
         if self._final_save_needed():
             await self._final_save(self.state.step)
+        else:
+            self._stop_committed()
         logger.warning(
             "stopped (%s) at step %d; resume point: %s", self._stop.reason, self.state.step, self._committed_step
         )
-        # the stop's "committed" phase: what is left (retention, the replication wait) loses nothing if cut short
-        self.on_event({"event": "stop_committed", "step": self.state.step, "last_committed_step": self._committed_step})
         await self._wait_for_replication()  # within the grace period: the local tier holds the resume point
+
+    def _stop_committed(self) -> None:
+        """The stop's "committed" phase begins: the step reached is the resume point; what is left (retention,
+        the replication wait) loses nothing if it is cut short."""
+        self.on_event({"event": "stop_committed", "step": self.state.step, "last_committed_step": self._committed_step})
 
     async def _finish_save_in_flight_if_it_fits(self) -> None:
         """The save in flight is finished first if the final save still has its estimated time in the
@@ -336,6 +341,7 @@ class ControllerLoop:
             raise SaveFailedError(f"final save of step {step} to {self.store.url} failed: {exc}") from exc
         saved = self._committed(report, waits_before, last=True)
         self.on_event({"event": "save", "step": step, "reward": self.last_reward, **saved})
+        self._stop_committed()
         await pending.retain()
 
     async def _within_grace(self, body: asyncio.Task[None]) -> bool:
