@@ -435,10 +435,8 @@ def _train(
     except ValueError as exc:  # flags argparse cannot check one by one (--metric without --keep-best, ...)
         print(f"rlckpt train: error: {_common.printable(exc)} (see rlckpt train --help)", file=sys.stderr)
         return _common.EXIT_USAGE
-    started.config = config
-    started.store = check_start(
-        config
-    )  # a wrong --resume-step or --fresh fails here, before Ray and TQ take ≈20 s to start
+    started.config, started.store = config, config.store()  # the store a stop's report lists
+    check_start(config)  # a wrong --resume-step or --fresh fails here, before Ray and TQ take ≈20 s to start
     started.ray_dir = _start_ray(args)
     started.ray = True
     print("rlckpt train: starting TransferQueue and the controller ...", file=sys.stderr)

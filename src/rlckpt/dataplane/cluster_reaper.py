@@ -34,6 +34,7 @@ CLUSTER_ENV = "RLCKPT_RAY_CLUSTER"  # every process of a private cluster: its te
 REAP_TIMEOUT_S = 10.0  # how long the reaper keeps killing what a dying cluster may still spawn
 REAPER_WAIT_S = REAP_TIMEOUT_S + 5.0  # how long the driver waits for the reaper once it asked it to reap
 _POLL_S = 0.05
+IGNORED = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}  # the driver's to handle, not the reaper's
 
 
 class ClusterReaper:
@@ -42,11 +43,17 @@ class ClusterReaper:
 
     def __init__(self, temp_dir: str | Path, *, remove_dir: bool) -> None:
         command = [sys.executable, "-I", "-S", __file__, str(temp_dir), "--driver", str(os.getpid())]
-        self.process = subprocess.Popen(
-            command + (["--remove-dir"] if remove_dir else []),
-            stdin=subprocess.PIPE,  # its write end is this process's alone (not inherited: O_CLOEXEC)
-            start_new_session=True,  # a Ctrl-C or a kill of the driver's process group does not reach it
-        )
+        # born with the signals it ignores blocked (the mask is inherited): one sent before it has set them
+        # to SIG_IGN stays pending, and is dropped then
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, IGNORED)
+        try:
+            self.process = subprocess.Popen(
+                command + (["--remove-dir"] if remove_dir else []),
+                stdin=subprocess.PIPE,  # its write end is this process's alone (not inherited: O_CLOEXEC)
+                start_new_session=True,  # a Ctrl-C or a kill of the driver's process group does not reach it
+            )
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def reap(self) -> None:
         """Kill what is left of the cluster now, and wait (at most REAPER_WAIT_S) until it is done."""
@@ -99,8 +106,8 @@ def reap(temp_dir: str, *, exclude: Iterable[int] = (), timeout_s: float = REAP_
 
 def main(argv: list[str] | None = None) -> int:
     """``cluster_reaper.py TEMP_DIR --driver PID [--remove-dir]``: wait for end of file on stdin, then reap."""
-    for name in ("SIGTERM", "SIGINT", "SIGHUP"):
-        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    for signum in IGNORED:
+        signal.signal(signum, signal.SIG_IGN)
     parser = argparse.ArgumentParser(prog="cluster_reaper")
     parser.add_argument("temp_dir")
     parser.add_argument("--driver", type=int, required=True, help="the driver's pid, never killed")
