@@ -150,6 +150,7 @@ class ControllerLoop:
         self._grace_at: float | None = None  # event-loop time by which the stop must be done
         self._grace_moved = asyncio.Event()  # wakes run() when _grace_at is set or moved
         self._abort_by: float | None = None  # event-loop time until which cancelled work is waited for
+        self._cancelled = False  # run() was cancelled: stopped at once
 
     def _replication(self, replicator: Replicator | None) -> ReplicationQueue | None:
         """The queue of replications to the remote tier, when the run has one (docs/tiers.md)."""
@@ -221,6 +222,9 @@ class ControllerLoop:
                 body.result()  # the run's own failure, if any
             else:
                 await self._grace_ran_out(body)
+        except asyncio.CancelledError:  # stopped at once (the driver's second SIGTERM, Ctrl-C): a stop too
+            self._cancelled = True
+            raise
         finally:
             # stopped early: the train pump goes first, else it would begin the next save after the abort
             # one abort deadline for all of it (from the grace running out, or from here)
@@ -360,7 +364,10 @@ class ControllerLoop:
         return True
 
     def _abort_deadline(self) -> float:
-        """Until when the end of the run waits for what it cancelled: ``stop_abort_s`` after it first asks."""
+        """Until when the end of the run waits for what it cancelled: ``stop_abort_s`` after it first asks
+        when the run is stopping (a stop request, a cancel); else (it failed) until it is over, as ever."""
+        if self._stop is None and not self._cancelled:
+            return math.inf
         if self._abort_by is None:
             self._abort_by = asyncio.get_running_loop().time() + self.config.stop_abort_s
         return self._abort_by
@@ -397,13 +404,13 @@ class ControllerLoop:
 
     async def _settle(self, *tasks: asyncio.Future[Any] | None, until: float | None = None) -> list[str]:
         """Wait for ``tasks`` (cancelled by the caller) to end, but not past event-loop time ``until``
-        (default: ``stop_abort_s`` from now): a task whose thread waits on storage that does not answer is
-        left behind, to end with the process. The names of the tasks left behind."""
+        (default: ``stop_abort_s`` from now; ``math.inf``: until they end): a task whose thread waits on
+        storage that does not answer is left behind, to end with the process. The names of those."""
         loop = asyncio.get_running_loop()
         waiting = [task for task in tasks if task is not None and not task.done()]
         if waiting:
             until = loop.time() + self.config.stop_abort_s if until is None else until
-            await asyncio.wait(waiting, timeout=max(0.0, until - loop.time()))
+            await asyncio.wait(waiting, timeout=None if until == math.inf else max(0.0, until - loop.time()))
         for task in tasks:
             if task is not None and task.done() and not task.cancelled():
                 task.exception()  # retrieved: the outcome that matters is raised elsewhere
