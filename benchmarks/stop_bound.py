@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -75,8 +76,10 @@ def one_stop(endpoint: str, grace_s: float, silent: bool) -> dict[str, Any]:
         finally:
             outage.answer()
             kill_run(proc, ray_dir)
+            shutil.rmtree(ray_dir, ignore_errors=True)
     lines = out.read_text().strip().splitlines()
     summary = json.loads(lines[-1]) if lines else {}
+    shutil.rmtree(work, ignore_errors=True)
     return {
         "s3": "silent" if silent else "answering",
         "grace_s": grace_s,
