@@ -6,6 +6,8 @@ with Outage(endpoint) as outage:
     outage.cut()                    # connections open through it are dropped, new ones refused
     bundle.read_bytes("x")          # sees the server gone, as after a crash or a network partition
     outage.restore()                # ... and back, on the same endpoint
+    outage.stall()                  # a store that takes every request and answers none ...
+    outage.answer()                 # ... until now: what it held goes through
 
 The session's S3 server keeps running for every other test.
 """
@@ -39,6 +41,8 @@ class Outage:
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._cut = False
+        self._flowing = threading.Event()  # cleared by stall(): connections are taken, bytes are held
+        self._flowing.set()
         self._accepting = threading.Thread(target=self._accept, name="outage-accept", daemon=True)
 
     @property
@@ -64,6 +68,15 @@ class Outage:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
+
+    def stall(self) -> None:
+        """The server goes silent: it still accepts connections, but no byte goes either way (requests sent
+        before are held too) until ``answer()``; nothing is refused or reset, so no client gives up early."""
+        self._flowing.clear()
+
+    def answer(self) -> None:
+        """The silent server answers again: what was held goes through, in order."""
+        self._flowing.set()
 
     def restore(self) -> None:
         """The server is back, on the same endpoint: new connections go through again (a cut is undone)."""
@@ -97,13 +110,17 @@ class Outage:
                 upstream.close()
                 return
             for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pump, args=(source, sink), name="outage-pump", daemon=True).start()
+                pump = threading.Thread(
+                    target=_pump, args=(source, sink, self._flowing), name="outage-pump", daemon=True
+                )
+                pump.start()
 
 
-def _pump(source: socket.socket, sink: socket.socket) -> None:
-    """Copy bytes one way until either side closes (or the outage closes both)."""
+def _pump(source: socket.socket, sink: socket.socket, flowing: threading.Event) -> None:
+    """Copy bytes one way until either side closes (or the outage closes both), holding them while stalled."""
     try:
         while chunk := source.recv(_CHUNK):
+            flowing.wait()
             sink.sendall(chunk)
     except OSError:
         pass
