@@ -4,13 +4,13 @@ against the same run with one tier (issue 24: within 1.2x).
 Each run is the controller's real loop, save procedure and retention (`rlckpt.testing.controller`, in
 process: one trainer rank, the in-memory data plane, the replication worker in a thread instead of a Ray
 actor — the same off-the-loop worker). Two tiers: the remote is a moto S3 server behind a forwarder that
-goes silent at the first save (`Outage.silence`), with the library's own S3 deadlines (a call gives up
-after 6 tries of 15 s); every replication then waits on it, and local retention (`--keep-last 2`) runs
-after every save. The rate is steps per second from the first save to the last step (the warm-up before
-it is not measured), saves included. Both ways store the data plane zstd-compressed (a two-tier run's
-default with an S3 remote), so they differ only by the remote tier.
+goes silent at the first save (`Outage.stall`: it takes every request and answers none), with the
+library's own S3 deadlines (a call gives up after 6 tries of 15 s); every replication then waits on it,
+and local retention (`--keep-last 2`) runs after every save. The rate is steps per second from the first
+save to the last step (the warm-up before it is not measured), saves included. Both ways store the data
+plane zstd-compressed (a two-tier run's default with an S3 remote), so they differ only by the remote tier.
 
-    PYTHONPATH=src .venv/bin/python benchmarks/silent_remote.py                       # 40 steps x 3 each way
+    PYTHONPATH=src .venv/bin/python benchmarks/silent_remote.py --steps 60 --repeats 5   # the published run
     PYTHONPATH=src .venv/bin/python benchmarks/silent_remote.py --steps 20 --repeats 1
 
 Results: benchmarks/results/silent_remote.{json,md}; see docs/tiers.md and docs/benchmarks.md.
@@ -53,12 +53,13 @@ def one_run(run_dir: str, steps: int, save_every: int, remote: tuple[str, dict[s
 
     async def before_commit(step: int) -> None:
         if remote is not None and step == save_every:
-            remote[2].silence()  # the remote answered the start (the run's identity, the resume); now it stops
+            remote[2].stall()  # the remote answered the start (the run's identity, the resume); now it stops
         if remote is not None and step == steps:
             assert run.loop is not None and run.loop.replication is not None
             pending = sorted(run.loop.replication.pending())
             on_event({"event": "still_pending_at_the_last_save", "steps": pending, "held": remote[2].held()})
             remote[2].cut()  # let the waiting calls fail, so the end of the run does not wait out their deadlines
+            remote[2].answer()
 
     extra: dict[str, Any] = {}
     if remote is not None:
@@ -84,9 +85,9 @@ def one_run(run_dir: str, steps: int, save_every: int, remote: tuple[str, dict[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--save-every", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     meta = run_metadata(sys.argv)  # the load average as the runs begin

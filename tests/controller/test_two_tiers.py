@@ -242,11 +242,12 @@ def test_a_silent_remote_tier_holds_neither_the_saves_nor_their_retention(tmp_pa
         async def silent_from_step_2(step: int) -> None:
             assert run.loop is not None and run.loop.replication is not None
             if step == 2:
-                outage.silence()  # accepts connections, never answers
+                outage.stall()  # takes every request, answers none
             if step == 8:  # saves 4 and 6 committed, and their retention ran, while the remote was silent
                 assert outage.wait_until_held()  # (a call of the replication worker did wait on it)
                 assert run.loop.replication.replicated == []
                 outage.cut()  # the remote goes away: its waiting calls fail, and the run can end
+                outage.answer()  # (the forwarder's threads let go of what they held)
 
         config = TrainConfig(
             run_dir=local,

@@ -1,5 +1,4 @@
-"""A store that goes away, or goes silent, when the test says so. On S3: a TCP forwarder in front of the
-real endpoint.
+"""A store that goes away when the test says so. On S3: a TCP forwarder in front of the real endpoint.
 
 with Outage(endpoint) as outage:
     store = BundleStore(url, {**options, "endpoint_url": outage.endpoint})
@@ -7,9 +6,9 @@ with Outage(endpoint) as outage:
     outage.cut()                    # connections open through it are dropped, new ones refused
     bundle.read_bytes("x")          # sees the server gone, as after a crash or a network partition
     outage.restore()                # ... and back, on the same endpoint
-
-    outage.silence()                # or: connections are accepted and never answered (a hung gateway)
-    bundle.read_bytes("x")          # waits, until its read timeout or until `cut()` resets it
+    outage.stall()                  # a store that takes every request and answers none ...
+    outage.wait_until_held()        # (a request waits on it now)
+    outage.answer()                 # ... until now: what it held goes through
 
 The session's S3 server keeps running for every other test.
 """
@@ -43,8 +42,9 @@ class Outage:
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._cut = False
-        self._silent = False
-        self._held = threading.Condition(self._lock)  # notified when silence holds another connection
+        self._flowing = threading.Event()  # cleared by stall(): connections are taken, bytes are held
+        self._flowing.set()
+        self._held = threading.Condition(self._lock)  # notified when a stall holds another request
         self._held_count = 0
         self._accepting = threading.Thread(target=self._accept, name="outage-accept", daemon=True)
 
@@ -61,29 +61,6 @@ class Outage:
         self.cut()
         self._accepting.join(timeout=10)
 
-    def silence(self) -> None:
-        """The server stops answering: connections open through it are reset (a client's pooled ones), and
-        every new one is accepted and then left without a byte — no request through it ever ends by
-        itself, only by its client's read timeout or by `cut()`."""
-        with self._lock:
-            self._silent = True
-            doomed = list(self._open)
-            self._open.clear()
-        for sock in doomed:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-
-    def held(self) -> int:
-        """How many connections silence has accepted and left unanswered so far."""
-        with self._lock:
-            return self._held_count
-
-    def wait_until_held(self, timeout: float = 60.0) -> bool:
-        """Block until silence holds a connection (a call waits on it); False if none came in `timeout` s."""
-        with self._held:
-            return self._held.wait_for(lambda: self._held_count > 0, timeout)
-
     def cut(self) -> None:
         """The server goes away: the port stops listening and every connection through it is reset."""
         with self._lock:
@@ -95,12 +72,36 @@ class Outage:
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
 
+    def stall(self) -> None:
+        """The server goes silent: it still accepts connections, but no byte goes either way (requests sent
+        before are held too) until ``answer()``; nothing is refused or reset, so no client gives up early."""
+        self._flowing.clear()
+
+    def answer(self) -> None:
+        """The silent server answers again: what was held goes through, in order."""
+        self._flowing.set()
+
+    def held(self) -> int:
+        """How many times a stall has held bytes on their way (a request, or its answer), so far."""
+        with self._lock:
+            return self._held_count
+
+    def wait_until_held(self, timeout: float = 60.0) -> bool:
+        """Block until a stall holds bytes on their way (a call waits on the store); False after `timeout` s."""
+        with self._held:
+            return self._held.wait_for(lambda: self._held_count > 0, timeout)
+
+    def _hold(self) -> None:
+        with self._held:
+            self._held_count += 1
+            self._held.notify_all()
+
     def restore(self) -> None:
         """The server is back, on the same endpoint: new connections go through again (a cut is undone)."""
         self._accepting.join(timeout=10)
         with self._lock:
             self._listener = socket.create_server(("127.0.0.1", self._port))
-            self._cut = self._silent = False
+            self._cut = False
         self._accepting = threading.Thread(target=self._accept, name="outage-accept", daemon=True)
         self._accepting.start()
 
@@ -117,8 +118,6 @@ class Outage:
                 client, _ = self._listener.accept()
             except OSError:
                 return  # cut: the listener is closed
-            if self._hold_silently(client):
-                continue
             try:
                 upstream = socket.create_connection(self._upstream)
             except OSError:
@@ -129,26 +128,20 @@ class Outage:
                 upstream.close()
                 return
             for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pump, args=(source, sink), name="outage-pump", daemon=True).start()
-
-    def _hold_silently(self, client: socket.socket) -> bool:
-        """While silent: keep `client` open (until `cut()`) and answer nothing. False when not silent."""
-        with self._held:
-            if not self._silent:
-                return False
-            if self._cut:
-                client.close()
-            else:
-                self._open.add(client)
-                self._held_count += 1
-                self._held.notify_all()
-            return True
+                pump = threading.Thread(
+                    target=_pump, args=(source, sink, self._flowing, self._hold), name="outage-pump", daemon=True
+                )
+                pump.start()
 
 
-def _pump(source: socket.socket, sink: socket.socket) -> None:
-    """Copy bytes one way until either side closes (or the outage closes both)."""
+def _pump(source: socket.socket, sink: socket.socket, flowing: threading.Event, hold: Callable[[], None]) -> None:
+    """Copy bytes one way until either side closes (or the outage closes both), holding them while stalled
+    (`hold` is told each time)."""
     try:
         while chunk := source.recv(_CHUNK):
+            if not flowing.is_set():
+                hold()
+            flowing.wait()
             sink.sendall(chunk)
     except OSError:
         pass

@@ -44,7 +44,9 @@ class BundleReplicator:
         """(local, remote), opened on first use in the process that replicates (a store holds locks and
         connections, which do not travel)."""
         if self._local is None or self._remote is None:
-            self._local = BundleStore(self.local_url, self.local_options, verify_key=self.config.verify_key)
+            self._local = BundleStore(
+                self.local_url, self.local_options, verify_key=self.config.verify_key, run_id=self.config.run_id
+            )
             self._remote = self.config.remote_store()
         return self._local, self._remote
 
