@@ -145,7 +145,7 @@ def _one_line(result) -> str:
 
 def test_gc_refuses_a_remote_tier_of_another_run_and_deletes_nothing(local, another_run, cli):
     result = cli("gc", local.url, "--keep-last", "1", "--replicated-to", another_run.url, *_remote_args(another_run))
-    assert result.code == 64
+    assert result.code == 3
     assert f"{another_run.url} is not the remote tier of {local.url}" in _one_line(result)
     assert "nothing removed" in result.err
     assert local.store().steps() == [1, 2, 3]
@@ -153,7 +153,7 @@ def test_gc_refuses_a_remote_tier_of_another_run_and_deletes_nothing(local, anot
 
 def test_ls_refuses_a_remote_tier_of_another_run_instead_of_calling_it_up_to_date(local, another_run, cli):
     result = cli("ls", local.url, "--replicated-to", another_run.url, *_remote_args(another_run))
-    assert result.code == 64
+    assert result.code == 3
     assert "the tiers of one run must be one run" in _one_line(result)
     assert "holds the newest local bundle" not in result.out
 

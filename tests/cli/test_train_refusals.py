@@ -248,7 +248,7 @@ def test_a_remote_tier_of_another_run_is_refused_before_ray_starts(cli, tmp_path
     BundleStore(str(tmp_path / "local")).ensure_run_record()  # this run, on the local tier
     run.commit(100)  # the remote tier: another run's
     result = _train_two_tiers(cli, tmp_path, run)
-    assert result.code == 64
+    assert result.code == 3
     assert "the tiers of one run must be one run" in _one_line(result)
 
 
@@ -258,6 +258,6 @@ def test_a_remote_tier_whose_bundles_name_another_run_is_refused_before_ray_star
     fs, record = run.raw_path("_run.json")
     fs.rm_file(record)  # its record is gone; its COMMITs still name the run they were saved in
     result = _train_two_tiers(cli, tmp_path, run)
-    assert result.code == 64
+    assert result.code == 3
     assert "the COMMIT of its step 100 names it" in _one_line(result)
     assert not fs.exists(record)  # nothing written into the other run

@@ -249,3 +249,31 @@ def test_drain_does_not_wait_for_a_read_of_the_remote_tier():
         assert await queue.drain(timeout=1)  # the survey still hangs: no replication is pending
 
     run(body)
+
+
+def test_a_step_submitted_while_the_remote_tier_is_read_is_replicated_at_once():
+    async def body(queue, replicator, events):
+        queue.start()
+        await settle()
+        queue.submit(2)  # the read hangs: the replication of 2 does not wait behind it...
+        await settle()
+        assert replicator.started == [SURVEY, 2]
+        queue.submit(4)
+        await replicator.finish(2)
+        await replicator.finish(4)
+        assert queue.replicated == [2, 4]  # ...so no later step supersedes it
+
+    run(body)
+
+
+def test_a_read_begun_before_a_replication_ended_does_not_replace_its_newer_answer():
+    async def body(queue, replicator, events):
+        queue.start()
+        await settle()
+        queue.submit(4)
+        await settle()
+        await replicator.finish(4)  # the remote holds this run's step 4
+        await replicator.finish(SURVEY)  # the read begun before says step 2: older news
+        assert sorted(queue.holds([2, 4, 6])) == [6]
+
+    run(body)

@@ -231,7 +231,7 @@ def open_remote(args: argparse.Namespace) -> BundleStore:
 def check_one_run(local: BundleStore, remote: BundleStore, outcome: str) -> None:
     """Refuse a remote tier that is another run than `local` (tiers.check_one_run: its _run.json, or its
     newest COMMIT, names another run): what it holds says nothing of what `local` replicated. `outcome`
-    says what the command did not do (RunIdentityError: exit 64)."""
+    says what the command did not do (RunIdentityError: exit 3)."""
     from rlckpt.errors import RunIdentityError
     from rlckpt.tiers import check_one_run as one_run
 

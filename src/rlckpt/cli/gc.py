@@ -24,7 +24,7 @@ bundle goes). gc never removes the newest committed bundle that verifies, nor on
 nor a transaction that is still live (its writer runs on this host, or it started less than
 --stale-after seconds ago); with --replicated-to, nor a bundle newer than the newest one the remote
 tier holds as this very bundle of the run (same run id and manifest digest in COMMIT), nor one being
-copied there (read from the remote store). A --replicated-to of another run is refused (exit 64).
+copied there (read from the remote store). A --replicated-to of another run is refused (exit 3).
 """
 
 

@@ -20,7 +20,6 @@ from rlckpt.errors import (
     CorruptBundleError,
     KeyFileError,
     RlckptError,
-    RunIdentityError,
     StoreConfigError,
     UncommittedBundleError,
 )
@@ -46,12 +45,12 @@ examples:
   rlckpt copy /nvme/run1 s3://bucket/run1 --step 200
 
 exit codes: 0 ok, 1 corrupt bundle, 2 uncommitted or missing bundle, 3 other error (store
-unreachable or forbidden, bucket missing, no Ray cluster at --ray-address), 64 bad command line or
+unreachable or forbidden, bucket missing, no Ray cluster at --ray-address, a store of another run than
+the one asked for: a --replicated-to, --replicate-to or copy DST of another run), 64 bad command line or
 store configuration (empty or malformed URL, unknown protocol, endpoint not an http(s) URL, unknown
 storage option), a key file that cannot be used (missing, a private key others may read, not an
-Ed25519 key), a Ray cluster that cannot hold the run (too many --trainer-ranks, a
---trainer-resources resource no node offers) or two stores given as one run that are two runs (a
---replicated-to, --replicate-to or copy DST of another run), 130 interrupted, 143 `rlckpt train` stopped by SIGTERM
+Ed25519 key) or a Ray cluster that cannot hold the run (too many --trainer-ranks, a
+--trainer-resources resource no node offers), 130 interrupted, 143 `rlckpt train` stopped by SIGTERM
 without its final save. With --verify-key an unsigned or badly signed bundle counts as corrupt.
 Run `rlckpt COMMAND --help` for the options of one command.
 """
@@ -91,9 +90,7 @@ def exit_code_for(exc: BaseException) -> int:
         return _common.EXIT_CORRUPT
     if isinstance(exc, UncommittedBundleError):
         return _common.EXIT_MISSING
-    if isinstance(
-        exc, (StoreConfigError, ClusterConfigError, KeyFileError, RunIdentityError)
-    ):  # the command line must change
+    if isinstance(exc, (StoreConfigError, ClusterConfigError, KeyFileError)):  # the command line must change
         return _common.EXIT_USAGE
     return _common.EXIT_ERROR
 

@@ -8,9 +8,9 @@ submitted step is tried as usual. The queue only awaits: the copy runs in a `Rep
 the event loop (a thread, or a Ray actor of its own).
 
 The queue also keeps what the remote tier was last found to hold of the local tier's bundles
-(`ReplicaState`: read by the replicator at `start()` and after each replication), so that local retention
-decides without a call to the remote tier (`holds`): a remote that is down or silent delays that answer
-and grows the lag, never a save.
+(`ReplicaState`: read by the replicator at `start()`, beside the replications, and after each replication),
+so that local retention decides without a call to the remote tier (`holds`): a remote that is down or
+silent delays that answer and grows the lag, never a save.
 """
 
 from __future__ import annotations
@@ -84,7 +84,8 @@ class ReplicationQueue:
         self.state: ReplicaState | None = None  # what the remote tier was last found to hold (None: unknown)
         self._committed_at: dict[int, float] = {}
         self._behind_since: float | None = None  # local commit of the oldest submitted step not replicated
-        self._survey_due = False
+        self._answers = 0  # replications that brought a ReplicaState: a read begun before one is older
+        self._survey: asyncio.Task[None] | None = None
         self._worker: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
         self._idle.set()
@@ -99,9 +100,10 @@ class ReplicationQueue:
         return holds_for(local_steps, self.state, self.remote_url, self.pending())
 
     def start(self) -> None:
-        """Read what the remote tier holds, in the background (the worker, before any replication waiting)."""
-        self._survey_due = True
-        self._ensure_worker()
+        """Read what the remote tier holds, in the background, beside the replications (never ahead of one: a
+        step submitted meanwhile is not kept waiting, so none is superseded for it)."""
+        if self._survey is None:
+            self._survey = asyncio.create_task(self._read_remote(), name="replication-survey")
 
     def submit(self, step: int) -> None:
         """Replicate committed bundle `step` (just committed locally) as soon as nothing is in flight."""
@@ -134,17 +136,16 @@ class ReplicationQueue:
 
     async def close(self) -> None:
         """Stop waiting for the replication in flight (its copy, in a thread or actor of its own, is not
-        stopped: whatever it does not commit stays uncommitted). A waiting step is dropped."""
+        stopped: whatever it does not commit stays uncommitted), and for a read of the remote tier. A
+        waiting step is dropped."""
         self.queued = None
-        if self._worker is not None:
-            self._worker.cancel()
-            await asyncio.gather(self._worker, return_exceptions=True)
+        for task in (self._worker, self._survey):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     async def _work(self) -> None:
-        while self.queued is not None or self._survey_due:
-            if self.queued is None:
-                await self._survey()
-                continue
+        while self.queued is not None:
             step = self.in_flight = self.queued  # pending() holds it all along (retention asks from its thread)
             self.queued = None
             try:
@@ -160,20 +161,23 @@ class ReplicationQueue:
                 if self.queued is None:
                     self._idle.set()  # drain() waits for replications, not for a read of the remote tier
 
-    async def _survey(self) -> None:
-        self._survey_due = False
+    async def _read_remote(self) -> None:
+        answers = self._answers
         try:
-            self.state = await self.replicator.survey()
+            state = await self.replicator.survey()
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the last answer stands (none: every local bundle is kept)
             log.warning("what %s holds could not be read (%s)", self.remote_url, describe_failure(exc))
+            return
+        if self._answers == answers:  # else a replication ended meanwhile with a newer answer
+            self.state = state
 
     def _done(self, step: int, report: ReplicationReport) -> None:
         lag = self.clock() - self._committed_at.pop(step, self.clock())
         if report.state is not None:
             self.state = report.state
-            self._survey_due = False
+            self._answers += 1
         self._behind_since = None if self.queued is None else self._committed_at.get(self.queued)
         self.replicated.append(step)
         log.info("replicated %s to %s (%.2fs after its local commit)", report.copy.describe(), self.remote_url, lag)

@@ -8,6 +8,7 @@ training and rollouts — every call to the remote tier is made here."""
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,16 +40,18 @@ class BundleReplicator:
         self.config = config
         self._local: BundleStore | None = None
         self._remote: BundleStore | None = None
+        self._opening = threading.Lock()  # a read of the remote tier may run beside a copy, in another thread
 
     def stores(self) -> tuple[BundleStore, BundleStore]:
         """(local, remote), opened on first use in the process that replicates (a store holds locks and
         connections, which do not travel)."""
-        if self._local is None or self._remote is None:
-            self._local = BundleStore(
-                self.local_url, self.local_options, verify_key=self.config.verify_key, run_id=self.config.run_id
-            )
-            self._remote = self.config.remote_store()
-        return self._local, self._remote
+        with self._opening:
+            if self._local is None or self._remote is None:
+                self._local = BundleStore(
+                    self.local_url, self.local_options, verify_key=self.config.verify_key, run_id=self.config.run_id
+                )
+                self._remote = self.config.remote_store()
+            return self._local, self._remote
 
     def replicate(self, step: int) -> ReplicationReport:
         """Copy committed bundle `step` into the remote tier; then the remote tier's retention, whose failure
