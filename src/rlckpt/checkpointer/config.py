@@ -31,7 +31,7 @@ class CheckpointerConfig:
     url: the run: a local path (NVMe) or an fsspec URL (s3://bucket/prefix); `storage_options` its fsspec
         options.
     retention: what the run's tier keeps after each commit (none given: everything). With a remote tier it
-        never deletes a bundle the remote tier does not hold yet.
+        never deletes a bundle newer than the newest one the remote tier holds as that bundle of this run.
     replication: a remote tier (docs/tiers.md): committed bundles are copied there in the background, every
         `replication.every`-th committed save and each one saved with `last=True`; the remote tier keeps what
         `replication.retention` keeps. A restore takes the newest bundle that verifies on either tier.

@@ -3,9 +3,10 @@
 Functions and one class that `rlckpt train`'s controller can share (docs/trainer.md lists where): the tiers
 made one run before the first save (``tiers.one_run``), the replication queue (``tiers.ReplicationQueue``: one
 copy in flight, a newer step supersedes a waiting one) hosted on an event loop of its own for a caller without
-one, and retention after a commit with the remote tier's holds (``tiers.replication_holds``): never a bundle the
-remote tier does not hold yet. No remote call runs on the caller's thread: a replication runs in a thread of
-the queue's, retention in the save's background.
+one, and retention after a commit with the remote tier's holds (``ReplicationQueue.holds``): never a bundle newer
+than the newest one the remote tier holds as that bundle of this run. No remote call runs on the caller's
+thread, nor in retention: a replication, and the read of what the remote tier holds, run in a thread of the
+queue's; retention asks the queue for its last answer.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from rlckpt.store import BundleStore, Retention
-from rlckpt.tiers import BundleReplicator, ReplicationConfig, ReplicationQueue, ThreadReplicator, replication_holds
+from rlckpt.tiers import BundleReplicator, ReplicationConfig, ReplicationQueue, ThreadReplicator
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,8 @@ def retain_after_commit(
 ) -> list[int] | None:
     """Retention after a successful commit: `retention`'s rules plus the steps `holds()` says must stay (a
     remote tier's). It never un-commits the save, so a failure is logged, not raised; when `holds` cannot
-    say what must be kept (the remote tier is unreachable), nothing is deleted this time.
+    say what must be kept, nothing is deleted this time, and when they hold every bundle there is (the
+    remote tier holds nothing of the run, or is silent), gc does not run: it could delete nothing.
 
     Returns:
         The steps deleted, or None when retention failed (logged) or has no rule.
@@ -45,6 +47,8 @@ def retain_after_commit(
         return None
     try:
         held = dict(holds()) if holds is not None else {}
+        if held and set(store.marked_steps()) <= held.keys():
+            return []
         report = store.gc(
             retention=dataclasses.replace(retention, holds={**retention.holds, **held}), max_workers=max_workers
         )
@@ -62,7 +66,6 @@ class BackgroundReplication:
 
     def __init__(self, local_url: str, local_options: dict[str, Any] | None, config: ReplicationConfig) -> None:
         self.config = config
-        self.remote = config.remote_store()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rlckpt-replication", daemon=True)
         self._thread.start()
@@ -70,7 +73,9 @@ class BackgroundReplication:
         self.queue: ReplicationQueue = self._call(self._make_queue, replicator)
 
     async def _make_queue(self, replicator: ThreadReplicator) -> ReplicationQueue:
-        return ReplicationQueue(replicator, remote_url=self.config.url)
+        queue = ReplicationQueue(replicator, remote_url=self.config.url)
+        queue.start()  # what the remote tier holds, read in the queue's worker thread
+        return queue
 
     def _call(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
         """Run coroutine function `fn(*args)` on the queue's loop; its result (TimeoutError after `timeout`)."""
@@ -89,8 +94,14 @@ class BackgroundReplication:
         return set(self._call(read))
 
     def holds(self, local: BundleStore) -> Mapping[int, str]:
-        """What local retention must keep now (tiers.replication_holds: read from the remote tier)."""
-        return replication_holds(local, self.remote, pending=self.pending())
+        """What local retention must keep now (ReplicationQueue.holds: by what the queue's worker last read on
+        the remote tier, on the queue's loop for one consistent view; one listing of `local`, no remote call)."""
+        steps = local.marked_steps()
+
+        async def read() -> dict[int, str]:
+            return self.queue.holds(steps)
+
+        return dict(self._call(read))
 
     @property
     def replicated(self) -> list[int]:

@@ -198,6 +198,49 @@ def open_store(args: argparse.Namespace) -> BundleStore:
     return BundleStore(args.url, storage_options=args.storage_options, fs=fs, verify_key=key, run_id=pinned)
 
 
+def add_remote_tier_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """--replicated-to URL2 and --replicated-storage-options JSON: a two-tier run's remote tier (`what` it
+    is for, in the help), opened by `open_remote`."""
+    parser.add_argument(
+        "--replicated-to", dest="remote", default=None, metavar="URL2", help=f"the run's remote tier: {what}"
+    )
+    parser.add_argument(
+        "--replicated-storage-options",
+        dest="remote_storage_options",
+        type=storage_options_arg,
+        default=None,
+        metavar="JSON",
+        help="fsspec options of --replicated-to, as --storage-options",
+    )
+
+
+def open_remote(args: argparse.Namespace) -> BundleStore:
+    """The other store of a command that reads two (`ls`/`gc --replicated-to`, `copy`'s DST): the URL in
+    `args.remote` with the options in `args.remote_storage_options`, opened as `open_store` opens URL —
+    fail-fast on S3, and with the same verify key and pinned run (the tiers of one run accept the same
+    bundles)."""
+    remote = argparse.Namespace(
+        url=args.remote,
+        storage_options=getattr(args, "remote_storage_options", None),
+        verify_key=getattr(args, "verify_key", None),
+        run_id=getattr(args, "run_id", None),
+    )
+    return open_store(remote)
+
+
+def check_one_run(local: BundleStore, remote: BundleStore, outcome: str) -> None:
+    """Refuse a remote tier that is another run than `local` (tiers.check_one_run: its _run.json, or its
+    newest COMMIT, names another run): what it holds says nothing of what `local` replicated. `outcome`
+    says what the command did not do (RunIdentityError: exit 3)."""
+    from rlckpt.errors import RunIdentityError
+    from rlckpt.tiers import check_one_run as one_run
+
+    try:
+        one_run([local, remote])
+    except RunIdentityError as exc:
+        raise RunIdentityError(f"{remote.url} is not the remote tier of {local.url}: {exc}; {outcome}") from None
+
+
 def format_size(nbytes: int | None) -> str:
     """Human-readable binary size: 0 B, 1.5 KiB, 12.0 MiB ... ('-' when unknown)."""
     if nbytes is None:

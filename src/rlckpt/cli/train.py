@@ -306,6 +306,19 @@ def _start_ray(args: argparse.Namespace) -> str | None:
     return ray_dir if ours else None
 
 
+def replication_line(event: dict[str, Any], remote: str) -> str | None:
+    """The progress line of a replication event (None: the event is not one): one line, whatever failed."""
+    if event.get("event") == "replicated":
+        where = _common.printable(remote)
+        return f"  replicated step {event['step']} to {where}: {event['lag_s']:.2f}s after its local commit"
+    if event.get("event") == "replication_failed":
+        return (
+            f"  replication of step {event['step']} FAILED (retried with the next replicated save; the remote tier "
+            f"is {event['lag_s']:.1f}s behind): {_common.printable(event['error'])}"
+        )
+    return None
+
+
 @dataclass
 class _Started:
     """What the driver has started so far: what its end stops, and what a report of a stop reads."""
@@ -477,18 +490,8 @@ def _train(
                 f"window {event['window_s'] * 1e3:.1f} ms, max rollout stall {event['stall_max_s'] * 1e3:.1f} ms",
                 file=sys.stderr,
             )
-        elif event.get("event") == "replicated":
-            bar.write(
-                f"  replicated step {event['step']} to {_common.printable(str(config.replicate_to))}: "
-                f"{event['lag_s']:.2f}s after its local commit",
-                file=sys.stderr,
-            )
-        elif event.get("event") == "replication_failed":
-            bar.write(
-                f"  replication of step {event['step']} FAILED (retried with the next replicated save): "
-                f"{_common.printable(event['error'])}",
-                file=sys.stderr,
-            )
+        elif (replication := replication_line(event, str(config.replicate_to))) is not None:
+            bar.write(replication, file=sys.stderr)
         elif "save_error" in event:
             bar.write(f"  save of step {event['step']} FAILED: {event['save_error']}", file=sys.stderr)
 

@@ -46,7 +46,7 @@ from rlckpt.errors import CheckpointError, FinalSaveAbortedError, SaveFailedErro
 from rlckpt.grpo import DigitSumTask, PromptLoader, TrainBatch, grouped_advantages, weights_sha256
 from rlckpt.replay import GroupRecord, ReplayBuffer
 from rlckpt.store import BundleStore
-from rlckpt.tiers import ReplicationQueue, Replicator, replication_holds
+from rlckpt.tiers import ReplicationQueue, Replicator
 
 logger = logging.getLogger(__name__)
 
@@ -161,12 +161,14 @@ class ControllerLoop:
         return ReplicationQueue(replicator, remote_url=self.config.replicate_to, on_event=self.on_event)
 
     def _replication_holds(self) -> Callable[[], dict[int, str]] | None:
-        """What local retention keeps while replication is on: read from the remote store at each retention
-        (in retention's thread), with the steps in flight or waiting here."""
-        local, remote, queue = self.store, self.remote, self.replication
-        if remote is None or queue is None:
+        """What local retention keeps while replication is on (tiers/holds.py): by what the replication worker
+        last found the remote tier to hold, and the steps in flight or waiting here. Asked in retention's
+        thread; it lists the local tier only (one listing: retention reads the bundles itself), so no save
+        waits on the remote tier."""
+        local, queue = self.store, self.replication
+        if queue is None:
             return None
-        return lambda: replication_holds(local, remote, pending=queue.pending())
+        return lambda: queue.holds(local.marked_steps())
 
     def _compress_data_plane(self) -> bool | None:
         """zstd for the data plane's files as asked; by default where they end up on an object store: the run
@@ -213,6 +215,8 @@ class ControllerLoop:
         self.gen_version = version
         if version != self.state.step:
             raise CheckpointError(f"trainer is at weight version {version}, the run state at step {self.state.step}")
+        if self.replication is not None:
+            self.replication.start()  # what the remote tier holds, read by the replication worker
         rollout = asyncio.create_task(self._rollout_pump(), name="rollout-pump")
         train = asyncio.create_task(self._train_pump(), name="train-pump")
         watch = asyncio.create_task(self._watch_deadline(), name="deadline-watch") if self._deadline else None

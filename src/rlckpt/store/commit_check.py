@@ -51,12 +51,14 @@ class CheckedCommit:
 
 @dataclass(frozen=True)
 class CommitRecords:
-    """A committed bundle's COMMIT and manifest.json exactly as stored, and the manifest they passed the
-    commit check as: what a replica publishes verbatim (replica.py), digests and signatures untouched."""
+    """A committed bundle's COMMIT and manifest.json exactly as stored, and the records they passed the
+    commit check as: what a replica publishes verbatim (replica.py), digests and signatures untouched, and
+    what tells two copies of a step apart (the run and the manifest digest COMMIT names: tiers/holds.py)."""
 
     marker: bytes
     manifest_bytes: bytes
     manifest: Manifest
+    commit: CommitMarker
 
 
 def load_checked_manifest(
@@ -85,7 +87,7 @@ def load_checked_records(
     manifest and listing fetched after COMMIT."""
     view, checked = _load(backend, url, step, with_listing, trust)
     assert view.marker is not None and view.manifest is not None, "the commit check passed a view without records"
-    return CommitRecords(view.marker, view.manifest, checked.manifest)
+    return CommitRecords(view.marker, view.manifest, checked.manifest, checked.marker)
 
 
 def _load(

@@ -69,7 +69,8 @@ class StoreEntry:
     signature: "signed" (COMMIT carries a signature: checked by a store with a verify key, only present
     without one), "unsigned", "bad" (a store with a verify key refused it; the entry is then "corrupt",
     `detail` says why), or None (no COMMIT that reads). `signed_by` is the signing key's id, `run` the
-    run id COMMIT names (None before COMMIT format 3).
+    run id COMMIT names (None before COMMIT format 3), `manifest_digest` the manifest digest it names
+    (`algorithm:hex`): with `run`, what tells a replica of this very bundle from another bundle of the step.
     """
 
     step: int
@@ -87,6 +88,7 @@ class StoreEntry:
     signature: str | None = None
     signed_by: str | None = None
     run: str | None = None
+    manifest_digest: str | None = None
 
 
 class BundleStore:
@@ -396,6 +398,15 @@ class BundleStore:
             trust = self._trust()
             return [s for s in sorted(inv.steps) if inv.committed_marker(s) and self._passes(s, trust)]
 
+    def marked_steps(self) -> list[int]:
+        """Steps that hold a COMMIT object, ascending, from one listing and unchecked: every committed step
+        is among them (`steps()` checks each one's COMMIT and manifest). For a caller that only needs to
+        name every step that may be committed (a two-tier run's retention holds) without reading them."""
+        self._check_reachable()
+        with unavailable_as_store_error(self.url, "listing steps"):
+            inv = self.backend.scan()
+            return [s for s in sorted(inv.steps) if inv.committed_marker(s)]
+
     def _passes(self, step: int, trust: Trust | None) -> bool:
         try:
             load_checked(self.backend, self.url, step, with_listing=False, trust=trust)
@@ -509,42 +520,24 @@ class BundleStore:
             detail = intent.describe() + (f": {reason}" if reason else "")
             state = "stale" if reason else "writing"
             return StoreEntry(step, state, sum(staged.values()), len(staged), created, intent.txid, detail, path)
-        if irregular is not None:
+
+        def unread(state: str, detail: str, signature: str | None = None) -> StoreEntry:
+            """An entry whose records were not read (or did not read): what the listing says of it."""
             return StoreEntry(
-                step,
-                "corrupt",
-                sum(files.values()),
-                len(data_files),
-                None,
-                None,
-                f"step {step} at {self.url}: {irregular}",
-                path,
+                step, state, sum(files.values()), len(data_files), None, None, detail, path, signature=signature
             )
+
+        if irregular is not None:
+            return unread("corrupt", f"step {step} at {self.url}: {irregular}")
         if COMMIT_NAME not in files:
-            return StoreEntry(step, "uncommitted", sum(files.values()), len(data_files), None, None, "no COMMIT", path)
+            return unread("uncommitted", "no COMMIT")
         try:
             checked = load_checked(self.backend, self.url, step, trust=trust)
         except (CorruptBundleError, UncommittedBundleError) as exc:
-            signature = (
-                "unsigned"
-                if isinstance(exc, UnsignedBundleError)
-                else "bad"
-                if isinstance(exc, BadSignatureError)
-                else None
-            )
-            return StoreEntry(
-                step,
-                "corrupt",
-                sum(files.values()),
-                len(data_files),
-                None,
-                None,
-                str(exc),
-                path,
-                signature=signature,
-            )
+            bad = "bad" if isinstance(exc, BadSignatureError) else None
+            return unread("corrupt", str(exc), "unsigned" if isinstance(exc, UnsignedBundleError) else bad)
         except NewerFormatError as exc:
-            return StoreEntry(step, "newer", sum(files.values()), len(data_files), None, None, str(exc), path)
+            return unread("newer", str(exc))
         manifest, marker = checked.manifest, checked.marker
         return StoreEntry(
             step,
@@ -562,6 +555,7 @@ class BundleStore:
             signature="unsigned" if marker.signature is None else "signed",
             signed_by=None if marker.signature is None else marker.signature.key_id,
             run=marker.run,
+            manifest_digest=str(marker.manifest),
         )
 
     # --- maintenance --------------------------------------------------------------------------
