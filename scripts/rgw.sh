@@ -241,9 +241,11 @@ cleanup_on_exit() {
 do_test() {
     local t0=$SECONDS rc=0
     do_start >/dev/null
-    log "running the store and CLI suites against RGW"
+    # Only the tests that reach S3 run here (tests/conftest.py deselects the rest: `make test` ran them),
+    # on two workers as in `make test`.
+    log "running the S3 cases of the store and CLI suites against RGW"
     RLCKPT_TEST_S3_ENDPOINT="$ENDPOINT" RLCKPT_TEST_S3_KEY=testing RLCKPT_TEST_S3_SECRET=testing \
-        "$PY" -m pytest tests/store tests/cli "$@" || rc=$?
+        "$PY" -m pytest -n 2 --dist loadgroup tests/store tests/cli "$@" || rc=$?
     log "finished in $((SECONDS - t0))s (pytest exit $rc)"
     return "$rc"
 }

@@ -1,6 +1,10 @@
 """Shared fixtures live in rlckpt.testing so benchmarks and scripts can reuse them."""
 
+import os
+
 import pytest
+
+from rlckpt.testing.s3 import ENDPOINT_ENV
 
 pytest_plugins = [
     "rlckpt.testing.s3",
@@ -9,13 +13,28 @@ pytest_plugins = [
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Groups for `make test` (pytest-xdist, ``--dist loadgroup``), each run whole by one worker: the
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Against an external S3 endpoint (the Ceph RGW lane, `make test-rgw`), only the tests that reach it.
+    Groups for `make test` (pytest-xdist, ``--dist loadgroup``), each run whole by one worker: the
     tests on the session's TransferQueue (one TQ per worker would cost another ≈20 s and 2 GiB), and
     each end-to-end module (its runs start their own Ray clusters and share module fixtures).
     Everything else is spread over the workers beside them."""
+    if os.environ.get(ENDPOINT_ENV):
+        elsewhere = [item for item in items if not _reaches_s3(item)]
+        if elsewhere:
+            config.hook.pytest_deselected(items=elsewhere)
+            items[:] = [item for item in items if _reaches_s3(item)]
     for item in items:
         if "tq_session" in item.fixturenames:
             item.add_marker(pytest.mark.xdist_group("tq"))
         elif "e2e" in item.path.parts:
             item.add_marker(pytest.mark.xdist_group(f"e2e-{item.path.stem}"))
+
+
+def _reaches_s3(item: pytest.Item) -> bool:
+    """Whether a test uses the session's S3 endpoint: through its fixtures, or as the S3 case of a test
+    parametrized over locations (ids such as ``s3``, ``local-to-s3``, ``s3-dies-at-k``)."""
+    if "s3_endpoint" in getattr(item, "fixturenames", ()):
+        return True
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and "s3" in callspec.id
