@@ -35,7 +35,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from rlckpt.controller.stopping import SaveTimes
+from rlckpt.checkpoint.stopping import SaveTimes
 from rlckpt.errors import CheckpointerError
 from rlckpt.tiers import one_run
 
