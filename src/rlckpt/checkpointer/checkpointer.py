@@ -15,7 +15,7 @@ A save of step N is one bundle transaction of the run (docs/store-protocol.md) w
    manifest's metadata checked as a restore will read it — or aborts if any rank failed; the outcome is
    broadcast, so every rank's ``wait()`` returns the same result or raises the same error.
 4. rank 0, after the commit: the remote tier's replication is queued (when due) and retention runs with its
-   holds (checkpointer/tiers.py), beside training.
+   holds (checkpoint/retention.py, as `rlckpt train`'s; the queue: checkpointer/tiers.py), beside training.
 
 A restore chooses on rank 0 — the newest bundle that verifies on either tier (every digest read), or a
 pinned step (checkpoint/choice.py, as `rlckpt train`) — and broadcasts the choice; every rank then loads its
@@ -35,6 +35,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from rlckpt.checkpoint.retention import retain_after_commit
 from rlckpt.checkpoint.stopping import SaveTimes
 from rlckpt.errors import CheckpointerError
 from rlckpt.tiers import one_run
@@ -44,7 +45,7 @@ from .ranks import RankGroup
 from .restoring import rebuilt, restore
 from .results import Restored, SaveResult
 from .saving import SaveInFlight, Saver
-from .tiers import BackgroundReplication, retain_after_commit
+from .tiers import BackgroundReplication
 
 logger = logging.getLogger(__name__)
 
