@@ -3,8 +3,9 @@
 A save of step N is one bundle transaction of the run (docs/store-protocol.md) whatever the world size:
 
 1. foreground, on every rank (what ``save()`` blocks for): rank 0 begins the transaction (the write-ahead
-   intent, claiming the step) while every rank copies its state dict to host memory with DCP's stager and
-   encodes its extra pieces; one exchange of the save group tells every rank whether all of that worked
+   intent, claiming the step) while every rank copies its state dict to host memory with DCP's stager
+   (checkpoint/rank_save.py: `rlckpt train`'s trainer ranks stage and write the same way) and encodes its
+   extra pieces; one exchange of the save group tells every rank whether all of that worked
    on every rank, and carries the transaction's handle (plain data) from rank 0 to the others. A failure
    on any rank (a piece that would need pickle, an out-of-memory copy, a step already committed) aborts the
    save on every rank before a byte is written; each raises the same CheckpointerError.
