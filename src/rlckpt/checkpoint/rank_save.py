@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.stateful import Stateful
 
 from rlckpt.dcp import BundleStorageWriter
-from rlckpt.errors import ShardWriteError
+from rlckpt.errors import ShardedCheckpointError, ShardWriteError
 from rlckpt.grpo.trainer import checkpoint_failure
 from rlckpt.store import Receipt, TransactionHandle
 
@@ -72,18 +72,18 @@ class StagedShards:
                 cause, in one line), or left no receipt; this rank's files are dropped.
         """
         state, self.state = self.state, None
-        if state is None:
-            raise ShardWriteError(
-                f"{participant}: step {handle.step}: nothing staged to write (written or dropped already)",
-                failures="nothing staged",
-            )
         try:  # the same arguments on every rank: what this refuses, every rank refuses
             writer = BundleStorageWriter(handle, participant=participant, prefix=prefix, thread_count=thread_count)
         except Exception as exc:
             failures = f"{type(exc).__name__}: {exc}"
             raise ShardWriteError(f"{participant}: step {handle.step}: {failures}", failures=failures) from exc
+        if state is None:  # this rank cannot write: it says so in DCP's first collective, as every failure here
+            nothing = ShardedCheckpointError(f"{participant}: nothing staged to write (written or dropped already)")
+            state, made = {}, _RefusedPlanner(nothing)
+        else:
+            made = _made(planner)
         try:
-            dcp.save(state, storage_writer=writer, planner=_made(planner), process_group=process_group)
+            dcp.save(state, storage_writer=writer, planner=made, process_group=process_group)
         except (Exception, CheckpointException) as exc:  # CheckpointException (a BaseException): every rank's
             _abort_quietly(writer)
             failures = checkpoint_failure(exc)
