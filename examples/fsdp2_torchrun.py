@@ -38,7 +38,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from rlckpt import Checkpointer, SaveAndStop
-from rlckpt.checkpointer.args import add_checkpointer_arguments, config_from_args, stop_settings
+from rlckpt.cli.checkpointer_args import add_checkpointer_arguments, config_from_args, stop_settings
 
 VOCAB, WIDTH, HEADS, LAYERS, SEQ = 32, 32, 4, 2, 16
 log = logging.getLogger("fsdp2_torchrun")

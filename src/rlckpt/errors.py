@@ -226,6 +226,17 @@ class ShardedCheckpointError(CheckpointError):
     for a second save of its one transaction, an unsupported DCP mode. Names the step and the file."""
 
 
+class ShardWriteError(CheckpointError):
+    """One rank's write of its staged shards into a save's transaction failed (checkpoint/rank_save.py): on this
+    rank, or on another one (DCP fails the write on every rank at once). Names the participant, the step and,
+    in ``failures``, each failing rank's cause in one line. This rank's files are dropped; the coordinator
+    aborts the transaction, so nothing of the save is committed."""
+
+    def __init__(self, message: str, failures: str = "") -> None:
+        super().__init__(message)
+        self.failures = failures or message  # "rank <r>: <Class>: <message>; ...", as the callers name them
+
+
 class FinalSaveAbortedError(CheckpointError):
     """A run asked to save and stop (SIGTERM, a deadline) ran out of its grace period before its final
     save committed: that save was aborted (nothing of it committed, no intent or staging left) and the

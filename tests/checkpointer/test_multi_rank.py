@@ -106,6 +106,17 @@ def test_a_rank_whose_write_fails_fails_the_save_on_every_rank(ranks):
         assert "injected: rank 1 fails to plan its write" in outcome["wait"]["message"]
 
 
+def test_a_rank_whose_planner_cannot_be_made_fails_the_save_on_every_rank_at_once(ranks):
+    """Through DCP's first collective (checkpoint/rank_save.py, shared with `rlckpt train`'s trainer ranks): the
+    other rank does not wait in its write for the group's timeout, and learns why."""
+    for record in ranks.records:
+        outcome = record["save_4_planner"]
+        assert outcome["wait"]["raised"] == "CheckpointerError"
+        message = outcome["wait"]["message"]
+        assert message.count("injected: rank 1 cannot make its planner") == 2, message  # rank 0's and rank 1's
+        assert "timeout" not in message.lower()
+
+
 def test_nothing_of_a_failed_save_is_committed_or_left_behind(ranks):
     assert 4 not in ranks.store.steps() and 8 not in ranks.store.steps()
     assert debris(ranks.store) == []

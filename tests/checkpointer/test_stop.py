@@ -13,6 +13,7 @@ import pytest
 from rlckpt import Checkpointer
 from rlckpt.checkpointer import SaveAndStop
 from rlckpt.testing.pause import Background
+from rlckpt.testing.signals import came_before_the_handler_ran
 
 
 class Clock:
@@ -64,12 +65,27 @@ def test_a_second_sigterm_gets_the_handler_installed_before(handlers):
     assert stop.should_stop()
 
 
+def test_two_sigterms_that_python_hands_the_handler_as_one_are_two(handlers):
+    """Counted as `rlckpt train` counts them (StopSignals): the first asks to save and stop, the second reaches
+    the handler that was there before."""
+    stop = SaveAndStop()
+    stop.install()
+    try:
+        came_before_the_handler_ran(signal.SIGTERM)  # a SIGTERM whose handler has not run yet ...
+        os.kill(os.getpid(), signal.SIGTERM)  # ... and one more: Python runs the handler once for both
+        assert handlers == [signal.SIGTERM]
+        assert stop.should_stop() and stop.reason == "preempted"
+    finally:
+        stop.uninstall()
+
+
 def test_uninstall_puts_the_previous_handler_back(handlers):
     stop = SaveAndStop()
     stop.install()
     stop.uninstall()
     os.kill(os.getpid(), signal.SIGTERM)
     assert handlers == [signal.SIGTERM] and not stop.should_stop()
+    assert signal.set_wakeup_fd(-1) == -1  # and the wakeup fd it took
 
 
 def test_install_outside_the_main_thread_is_refused():

@@ -21,6 +21,7 @@ from rlckpt.controller import setup
 from rlckpt.controller.stopping import StopOutcome, StopRequest
 from rlckpt.dataplane import ray_cluster
 from rlckpt.errors import CheckpointError
+from rlckpt.testing.signals import came_before_the_handler_ran
 
 
 def _parse(*argv: str):
@@ -220,8 +221,7 @@ def test_two_sigterms_that_python_hands_the_handler_as_one_are_two():
     state.install()
     try:
         state.enter(Phase.TRAINING)
-        assert state._wakeup is not None
-        os.write(state._wakeup[1], bytes([signal.SIGTERM, signal.SIGTERM]))
+        came_before_the_handler_ran(signal.SIGTERM, signal.SIGTERM)
         with pytest.raises(KeyboardInterrupt):
             state.handle(signal.SIGTERM, None)
         assert state.received == 2 and state.stopped_at_once
@@ -234,8 +234,7 @@ def test_a_handler_call_for_a_sigterm_already_counted_counts_nothing():
     state.install()
     try:
         state.enter(Phase.TRAINING)
-        assert state._wakeup is not None
-        os.write(state._wakeup[1], bytes([signal.SIGTERM]))
+        came_before_the_handler_ran(signal.SIGTERM)
         state.handle(signal.SIGTERM, None)  # it came while the handler ran for ... itself: counted once
         state.handle(signal.SIGTERM, None)
         assert state.received == 1 and state.phase is Phase.SAVING

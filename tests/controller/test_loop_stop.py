@@ -270,7 +270,7 @@ def test_the_grace_period_ending_while_the_final_commit_runs_counts_the_step_sav
             assert run.loop is not None
             run.loop.request_stop(LONG_GRACE)
             await asyncio.to_thread(committing.wait_reached)
-            run.loop._end_grace_at(asyncio.get_running_loop().time())  # the grace ends here instead of waited for
+            run.loop._end_grace_in(0)  # the grace ends here instead of waited for
             [body] = [t for t in asyncio.all_tasks() if t.get_name() == "run-body"]
             while body.cancelling() == 0:  # the grace has cancelled the run: the COMMIT call is still held
                 await asyncio.sleep(0)
@@ -331,7 +331,7 @@ def test_a_final_save_whose_store_does_not_answer_is_abandoned_when_the_grace_en
         assert run.loop is not None
         run.loop.request_stop(LONG_GRACE)
         await asyncio.to_thread(silent.called.wait)
-        run.loop._end_grace_at(asyncio.get_running_loop().time())
+        run.loop._end_grace_in(0)
         with pytest.raises(FinalSaveAbortedError, match=r"step 3 was not saved.*abandoned.*newest bundle is step 2"):
             await task
         assert not silent.answered.is_set()  # the run ended while the store was still silent

@@ -103,6 +103,22 @@ def test_a_rank_that_raises_mid_save_aborts_it_and_the_group_saves_again(ray_up,
         group.shutdown()
 
 
+def test_a_rank_whose_planner_cannot_be_made_fails_the_write_on_every_rank_at_once(ray_up, tmp_path):
+    """Through DCP's first collective (checkpoint/rank_save.py, shared with the Checkpointer's ranks): the other
+    rank does not wait in its write for the group's timeout, and learns why."""
+    store = BundleStore(str(tmp_path / "run"))
+    group = TrainerGroup(CONFIG, ranks=2, timeout_s=120, save_planner=FailRankSave(step=1, rank=1, how="refuse"))
+    try:
+        handle = group.handle
+        asyncio.run(handle.train_step(BATCHES[0]))
+        with pytest.raises(TrainerGroupError, match=r"failed on 2 of 2 trainer ranks") as failed:
+            asyncio.run(_save(handle, store, 1))
+        assert str(failed.value).count("injected: no planner for step 1") == 2  # rank 0 names rank 1's cause
+        assert store.steps() == []
+    finally:
+        group.shutdown()
+
+
 def test_a_rank_that_dies_mid_save_aborts_it_without_hanging_and_the_previous_bundle_loads(ray_up, tmp_path):
     store = BundleStore(str(tmp_path / "run"))
     group = TrainerGroup(CONFIG, ranks=2, timeout_s=120, save_planner=FailRankSave(step=2, rank=1, how="exit"))

@@ -8,7 +8,7 @@
 4. outside the window: serialize and digest the captured index and write its digest into the
    staged snapshot's metadata; ``data_plane/`` (digested, optionally zstd),
    ``train_dataloader.pt`` and ``replay_buffer_metadata.pt``
-5. manifest with digests → COMMIT → retention
+5. manifest with digests → COMMIT → retention (checkpoint/retention.py)
 
 The dataloader position is *captured* inside the window (it is still written after it): with the
 async rollout order the rollout pump draws prompts while the policy is written, and a position
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import logging
 import time
@@ -39,6 +38,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from rlckpt.checkpoint import codec, layout
 from rlckpt.checkpoint.records import RUN_BUNDLE
+from rlckpt.checkpoint.retention import Holds, retain_after_commit
 from rlckpt.checkpoint.row_copy import RowCopier
 from rlckpt.checkpoint.staging import staging_dir
 from rlckpt.dataplane.rows_snapshot import rows_metadata
@@ -60,10 +60,6 @@ B = TypeVar("B")
 UploadTiming = Literal["staged", "inline", "pinned"]
 ROWS_PER_FILE = 32  # a pinned copy reads this many rows per request (measured sweet spot: docs/benchmarks.md)
 COPY_DEPTH = 2  # batches of a pinned copy in flight at once
-# Threads that verify and delete bundles in a save's retention. They share the controller's GIL and
-# cores with the rollout path: with the store's 8, a commit's p99 during pinned saves was 226 ms
-# (64 MiB, local); with 1, 31 ms, as without retention (47 ms in a run beside it: noise).
-RETENTION_WORKERS = 1
 # Awaited with the step after every piece is written, just before COMMIT (crash tests hold a save there).
 SaveHook = Callable[[int], Awaitable[None]]
 
@@ -118,7 +114,7 @@ class SaveParticipants:
     retention: Retention | None = None  # after each commit (None, or no rule: keep all)
     # Steps retention must keep besides its rules, asked (in retention's thread) at each retention: a
     # two-tier run's bundles not yet replicated (ReplicationQueue.holds: never a call to the remote tier)
-    retention_holds: Callable[[], Mapping[int, str]] | None = None
+    retention_holds: Holds | None = None
     # The run's numbers at the step saved (reward, loss), recorded in the manifest for retention by metric
     metrics: Callable[[], Mapping[str, float]] | None = None
     extra_metadata: Mapping[str, Any] = field(default_factory=dict)
@@ -276,10 +272,11 @@ class PendingSave:
             raise
 
     async def retain(self) -> None:
-        """Retention after the commit; it never un-commits the save. Separate from ``commit`` so a run that
-        must stop within a grace period bounds the commit, not the clean-up."""
+        """Retention after the commit (checkpoint/retention.py, the Checkpointer's too); it never un-commits the
+        save. Separate from ``commit`` so a run that must stop within a grace period bounds the commit, not the
+        clean-up."""
         if self.parts.retention is not None and self.parts.retention.deletes:
-            await _retain(self.parts.store, self.parts.retention, self.parts.retention_holds)
+            await run_blocking(retain_after_commit, self.parts.store, self.parts.retention, self.parts.retention_holds)
 
     async def fail(self, cause: BaseException) -> None:
         """Drop what the foreground holds (pins, staging dir, the staged policy) and abort the transaction,
@@ -610,27 +607,3 @@ async def _abort(txn: BundleTransaction, step: int, cause: BaseException) -> Non
         await run_blocking(txn.abort)
     except Exception:  # logged, not raised: gc removes what an aborted writer could not
         logger.warning("abort of step %d failed; `rlckpt gc` will remove its debris", step, exc_info=True)
-
-
-async def _retain(store: BundleStore, retention: Retention, holds: Callable[[], Mapping[int, str]] | None) -> None:
-    """Retention after a successful commit; a failure here never un-commits the save. It reads the
-    bundles its rules count in full (only bundles that verify count), in RETENTION_WORKERS threads of
-    the controller's process, beside the rollout path. `holds` (a two-tier run's bundles not yet replicated,
-    tiers/holds.py) are kept whatever the rules say, and a failure to tell them deletes nothing this time;
-    when they hold every bundle there is (the remote tier holds nothing of the run, or is silent), gc does
-    not run at all: it could delete nothing, and reading every bundle's manifest at each save would only
-    slow the rollouts beside it."""
-
-    def retain() -> None:
-        held = dict(holds()) if holds is not None else {}
-        if held and set(store.marked_steps()) <= held.keys():
-            logger.info("retention: every bundle of %s is held (%d); nothing to delete", store.url, len(held))
-            return
-        store.gc(
-            retention=dataclasses.replace(retention, holds={**retention.holds, **held}), max_workers=RETENTION_WORKERS
-        )
-
-    try:
-        await run_blocking(retain)
-    except Exception:  # logged, not raised: the save itself succeeded
-        logger.warning("retention (%s) failed; the new bundle is committed", retention, exc_info=True)

@@ -6,13 +6,15 @@ SaveAndStop, the SIGTERM / deadline helper a training loop polls. See docs/train
 Sits between rlckpt.checkpoint (the procedures and the restore choice) and the trainers; imports torch.
 """
 
+from rlckpt.checkpoint.retention import retain_after_commit
+
 from .checkpointer import Checkpointer
 from .config import CheckpointerConfig
 from .pieces import decode_piece, encode_piece
 from .record import CHECKPOINTER_BUNDLE_FORMAT
 from .results import Restored, SaveResult
 from .stop import SaveAndStop
-from .tiers import BackgroundReplication, retain_after_commit
+from .tiers import BackgroundReplication
 
 __all__ = [
     "CHECKPOINTER_BUNDLE_FORMAT",

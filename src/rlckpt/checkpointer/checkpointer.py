@@ -3,8 +3,9 @@
 A save of step N is one bundle transaction of the run (docs/store-protocol.md) whatever the world size:
 
 1. foreground, on every rank (what ``save()`` blocks for): rank 0 begins the transaction (the write-ahead
-   intent, claiming the step) while every rank copies its state dict to host memory with DCP's stager and
-   encodes its extra pieces; one exchange of the save group tells every rank whether all of that worked
+   intent, claiming the step) while every rank copies its state dict to host memory with DCP's stager
+   (checkpoint/rank_save.py: `rlckpt train`'s trainer ranks stage and write the same way) and encodes its
+   extra pieces; one exchange of the save group tells every rank whether all of that worked
    on every rank, and carries the transaction's handle (plain data) from rank 0 to the others. A failure
    on any rank (a piece that would need pickle, an out-of-memory copy, a step already committed) aborts the
    save on every rank before a byte is written; each raises the same CheckpointerError.
@@ -15,7 +16,7 @@ A save of step N is one bundle transaction of the run (docs/store-protocol.md) w
    manifest's metadata checked as a restore will read it — or aborts if any rank failed; the outcome is
    broadcast, so every rank's ``wait()`` returns the same result or raises the same error.
 4. rank 0, after the commit: the remote tier's replication is queued (when due) and retention runs with its
-   holds (checkpointer/tiers.py), beside training.
+   holds (checkpoint/retention.py, as `rlckpt train`'s; the queue: checkpointer/tiers.py), beside training.
 
 A restore chooses on rank 0 — the newest bundle that verifies on either tier (every digest read), or a
 pinned step (checkpoint/choice.py, as `rlckpt train`) — and broadcasts the choice; every rank then loads its
@@ -35,7 +36,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from rlckpt.controller.stopping import SaveTimes
+from rlckpt.checkpoint.retention import retain_after_commit
+from rlckpt.checkpoint.stopping import SaveTimes
 from rlckpt.errors import CheckpointerError
 from rlckpt.tiers import one_run
 
@@ -44,7 +46,7 @@ from .ranks import RankGroup
 from .restoring import rebuilt, restore
 from .results import Restored, SaveResult
 from .saving import SaveInFlight, Saver
-from .tiers import BackgroundReplication, retain_after_commit
+from .tiers import BackgroundReplication
 
 logger = logging.getLogger(__name__)
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from rlckpt.checkpoint.stopping import UNMEASURED_SAVE_S
 from rlckpt.store import BundleStore, Retention, SigningKey, VerifyKey
 from rlckpt.tiers import ReplicationConfig
 
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
 # What a save that fails in the background does at the next save (or wait): raise its error there (the
 # default, as `rlckpt train --save-failure stop`), or log it and go on.
 SaveFailure = Literal["raise", "log"]
-UNMEASURED_SAVE_S = 10.0  # a deadline's estimate of a save before the run has measured one
 
 
 @dataclass(frozen=True)

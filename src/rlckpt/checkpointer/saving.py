@@ -16,14 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.staging import BlockingAsyncStager
-from torch.distributed.checkpoint.stateful import Stateful
-
-from rlckpt.dcp import BundleStorageWriter
-from rlckpt.errors import CheckpointerError, SaveTimeoutError
-from rlckpt.grpo.trainer import checkpoint_failure
+from rlckpt.checkpoint.rank_save import StagedShards, stage_shards
+from rlckpt.errors import CheckpointerError, SaveTimeoutError, ShardWriteError
 from rlckpt.store import BundleStore, BundleTransaction, Digest, Receipt, TransactionHandle, validate_step
 
 from .config import CheckpointerConfig
@@ -41,8 +35,7 @@ class SaveInFlight:
 
     step: int
     handle: TransactionHandle
-    staged: Any  # the host copy of this rank's state (dropped once written)
-    writer: BundleStorageWriter
+    staged: StagedShards  # the host copy of this rank's state (dropped once written)
     rank_pieces: dict[str, EncodedPiece]
     started: float
     foreground_s: float
@@ -58,6 +51,7 @@ class SaveInFlight:
     result: SaveResult | None = None
     error: CheckpointerError | None = None
     thread: threading.Thread | None = None
+    state_receipt: Receipt | None = None  # this rank's shards, written
     extra_receipt: Receipt | None = None  # this rank's own pieces, sealed
     collected: bool = False  # its outcome was handed to the caller (by wait), or settled
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -77,7 +71,6 @@ class Saver:
 
     def __init__(self, config: CheckpointerConfig, ranks: RankGroup, store: BundleStore) -> None:
         self.config, self.ranks, self.store = config, ranks, store
-        self._stager = BlockingAsyncStager()
         self._begin_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlckpt-begin")
 
     def close(self) -> None:
@@ -104,7 +97,7 @@ class Saver:
         if coordinator and _is_step(step):
             begin = self._begin_pool.submit(self.store.begin, step, replace_corrupt=True)
         local: BaseException | None = None
-        staged: Any = None
+        staged = StagedShards(None)
         pieces: dict[str, EncodedPiece] = {}
         rank_pieces: dict[str, EncodedPiece] = {}
         try:
@@ -113,7 +106,7 @@ class Saver:
                 pieces = encode_pieces(extra, "extra")
                 metadata_of(self.ranks.world_size, {}, [], metrics, metadata)  # refused now, not at the commit
             rank_pieces = encode_pieces(rank_extra, f"rank {self.ranks.rank}'s rank_extra")
-            staged = self._stager.stage(_plain_state(state))
+            staged = stage_shards(state)  # rlckpt train's trainer ranks stage with it too
         except Exception as exc:
             local = exc
         txn: BundleTransaction | None = None
@@ -144,15 +137,10 @@ class Saver:
                 f"save of step {step} to {self.config.url} failed before anything was written: "
                 f"{'; '.join(problems)}; nothing committed"
             ) from local
-        handle = TransactionHandle.from_json(everyone[0]["handle"])
-        writer = BundleStorageWriter(
-            handle, participant=f"rank{self.ranks.rank}", prefix=STATE_DIR, thread_count=self.config.dcp_thread_count
-        )
         return SaveInFlight(
             step=step,
-            handle=handle,
+            handle=TransactionHandle.from_json(everyone[0]["handle"]),
             staged=staged,
-            writer=writer,
             rank_pieces=rank_pieces,
             started=started,
             foreground_s=time.perf_counter() - started,
@@ -170,7 +158,7 @@ class Saver:
         """Write this rank's part, gather the receipts to rank 0, which commits or aborts, and learn the outcome
         (`save.result` or `save.error`, then `save.done`)."""
         error = self._write(save)
-        receipts = [r for r in (save.writer.receipt, save.extra_receipt) if r is not None]
+        receipts = [r for r in (save.state_receipt, save.extra_receipt) if r is not None]
         mine = {"rank": self.ranks.rank, "error": error, "receipts": [r.to_json() for r in receipts]}
         everyone: list[dict[str, Any]] | None = None
         group_error = None
@@ -190,17 +178,21 @@ class Saver:
         self._learn(save, outcome)
 
     def _write(self, save: SaveInFlight) -> str | None:
-        """This rank's part: its shards (DCP: a collective that fails on every rank at once), then its own
-        pieces, and on rank 0 the shared ones. What failed, in one line, or None."""
+        """This rank's part: its shards (checkpoint/rank_save.py, as `rlckpt train`'s trainer ranks write theirs:
+        DCP, a collective that fails on every rank at once), then its own pieces, and on rank 0 the shared
+        ones. What failed, in one line, or None."""
         try:
-            try:
-                planner = self.config.save_planner() if self.config.save_planner is not None else None
-                dcp.save(save.staged, storage_writer=save.writer, planner=planner, process_group=self.ranks.save_group)
-            except CheckpointException as exc:  # a BaseException: it carries every rank's failure
-                save.writer.abort()
-                return f"writing the state failed: {checkpoint_failure(exc)}"
-            finally:
-                save.staged = None  # the host copy is not needed any more
+            save.state_receipt = save.staged.write(  # the host copy is released here, whatever happens
+                save.handle,
+                participant=f"rank{self.ranks.rank}",
+                prefix=STATE_DIR,
+                process_group=self.ranks.save_group,
+                planner=self.config.save_planner,
+                thread_count=self.config.dcp_thread_count,
+            )
+        except ShardWriteError as exc:
+            return f"writing the state failed: {exc.failures}"
+        try:
             if save.rank_pieces:
                 with BundleStore.join(save.handle, f"rank{self.ranks.rank}-extra") as part:
                     for name, piece in save.rank_pieces.items():
@@ -209,8 +201,7 @@ class Saver:
             if save.txn is not None:
                 for name, piece in save.pieces.items():
                     save.txn.write_bytes(piece_path(name, piece.kind), piece.data)
-        except Exception as exc:
-            save.writer.abort()
+        except Exception as exc:  # rank 0 learns it in the gather and aborts the whole transaction
             return describe(exc)
         return None
 
@@ -301,12 +292,6 @@ class Saver:
             f"rank {self.ranks.rank}: the save of step {save.step} did not finish within {timeout:.1f}s here; rank 0 "
             "aborts it unless its COMMIT began before its own timeout"
         )
-
-
-def _plain_state(state: Mapping[str, Any]) -> dict[str, Any]:
-    """`state` with each Stateful value replaced by its `state_dict()` (what `dcp.save` does first; the stager
-    copies plain state dicts only)."""
-    return {key: value.state_dict() if isinstance(value, Stateful) else value for key, value in state.items()}
 
 
 def _is_step(step: object) -> bool:

@@ -6,15 +6,17 @@ must have saved. Either is a request to *save and stop*: the loop finishes its s
 waits for the commit and exits. Here:
 
 - ``install()`` handles SIGTERM: the first one is recorded (nothing else happens in the handler); a second
-  one gets the handler that was there before (by default: the process ends at once, exit 143);
+  one gets the handler that was there before (by default: the process ends at once, exit 143). SIGTERMs are
+  counted as `rlckpt train` counts them (``rlckpt.checkpoint.stopping.StopSignals``: two that Python hands
+  to one handler call are two);
 - ``should_stop()`` is polled by the loop once per step on every rank: it is True on every rank at the same
   call when any rank has a reason — a SIGTERM, ``request()``, or the deadline (``save_by``) leaving no more
   time than a step and the saves still to come, estimated from the Checkpointer's own saves (the deadline
   arithmetic is `rlckpt train`'s: ``DeadlinePlan``, ``SaveTimes``) — an all-reduce over the Checkpointer's
   control group, so every rank saves the same step;
-- ``grace_left()`` is what remains of the grace period from that moment, to give ``Checkpointer.wait`` as
-  its timeout: a final save that has not committed by then is aborted (``SaveTimeoutError``), and the
-  newest committed bundle stays the resume point.
+- ``grace_left()`` is what remains of the grace period (``GracePeriod``, as `rlckpt train`'s) from that moment,
+  to give ``Checkpointer.wait`` as its timeout: a final save that has not committed by then is aborted
+  (``SaveTimeoutError``), and the newest committed bundle stays the resume point.
 """
 
 from __future__ import annotations
@@ -22,14 +24,12 @@ from __future__ import annotations
 import logging
 import math
 import signal
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from rlckpt.controller.stopping import DeadlinePlan, SaveTimes
+from rlckpt.checkpoint.stopping import DEFAULT_GRACE_S, DeadlinePlan, GracePeriod, SaveTimes, StopSignals
 
-from .config import UNMEASURED_SAVE_S
 from .ranks import RankGroup
 
 if TYPE_CHECKING:
@@ -39,7 +39,6 @@ logger = logging.getLogger(__name__)
 
 StopReason = Literal["preempted", "deadline", "requested"]
 _CODES: dict[StopReason, int] = {"requested": 1, "deadline": 2, "preempted": 3}  # agreed as the largest
-DEFAULT_GRACE_S = 60.0
 
 
 class SaveAndStop:
@@ -72,13 +71,12 @@ class SaveAndStop:
         self.signals = signals
         self.clock = clock
         self.ranks: RankGroup = checkpointer.ranks if checkpointer is not None else RankGroup.alone()
-        times = checkpointer.save_times if checkpointer is not None else SaveTimes(UNMEASURED_SAVE_S)
+        times = checkpointer.save_times if checkpointer is not None else SaveTimes()
         self.deadline = DeadlinePlan(save_by, times) if save_by is not None else None
         self.reason: StopReason | None = None  # once agreed: why this job stops
         self._local: StopReason | None = None  # this process's own reason, before the agreement
-        self._received = 0
-        self._previous: dict[int, Any] = {}
-        self._grace_at: float | None = None  # time.monotonic() by which the stop must be done
+        self._grace = GracePeriod(grace_s)  # from the agreed stop
+        self._received = StopSignals(self._one_signal, signals)
         if self.deadline is not None:
             self.deadline.step_finished(self.clock())  # the first step is timed from here
 
@@ -86,30 +84,23 @@ class SaveAndStop:
 
     def install(self) -> None:
         """Handle `signals` in this process (from the main thread, as Python requires): the first is a
-        request to save and stop, a second gets the handler installed before (default: the process ends)."""
-        if threading.current_thread() is not threading.main_thread():
-            raise RuntimeError("SaveAndStop.install() must run in the main thread (Python's signal rule)")
-        for sig in self.signals:
-            self._previous[int(sig)] = signal.signal(sig, self._handle)
+        request to save and stop, a second gets the handler installed before (default: the process ends).
+
+        Raises:
+            RuntimeError: called outside the main thread.
+        """
+        self._received.install()
 
     def uninstall(self) -> None:
-        """Put back the handlers `install` replaced."""
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-        self._previous.clear()
+        """Put back the handlers (and the signal wakeup fd) `install` replaced."""
+        self._received.uninstall()
 
-    def _handle(self, signum: int, frame: Any) -> None:
-        self._received += 1
-        if self._received == 1:
+    def _one_signal(self, signum: int, frame: Any) -> None:
+        """One signal (each counted once): the first asks for a save and stop, later ones are passed on."""
+        if self._received.received == 1:
             self._local = "preempted"
             return
-        previous = self._previous.get(signum, signal.SIG_DFL)
-        self.uninstall()
-        if callable(previous):
-            previous(signum, frame)
-        else:
-            signal.signal(signum, previous)
-            signal.raise_signal(signum)
+        self._received.pass_on(signum, frame)
 
     def request(self, reason: StopReason = "requested") -> None:
         """Ask for a save and stop from code (a scheduler's notice read from a file, a test)."""
@@ -133,7 +124,7 @@ class SaveAndStop:
         if code == 0:
             return False
         self.reason = next(reason for reason, value in _CODES.items() if value == code)
-        self._grace_at = time.monotonic() + self.grace_s
+        self._grace.start()
         plan = self.deadline
         detail = f"; {plan.explain(now, self._saving())}" if self.reason == "deadline" and plan is not None else ""
         logger.warning(
@@ -147,16 +138,14 @@ class SaveAndStop:
 
     def grace_left(self) -> float | None:
         """Seconds left of the grace period once a stop is agreed (never below 0); None before."""
-        if self._grace_at is None:
-            return None
-        return max(0.0, self._grace_at - time.monotonic())
+        return self._grace.left()
 
     def _deadline_reached(self, now: float) -> StopReason | None:
         """The deadline's reason when the time left is what stopping costs (a step and the saves to come)."""
         if self.deadline is None:
             return None
         self.deadline.step_finished(now)  # polled once per step: the time since the last poll is a step
-        return "deadline" if self.deadline.seconds_until_stop(now, self._saving()) <= 0 else None
+        return "deadline" if self.deadline.due(now, self._saving()) else None
 
     def _saving(self) -> bool:
         return self.checkpointer is not None and self.checkpointer.saving

@@ -1,63 +1,26 @@
-"""What follows a commit, for any writer of a run: the remote tier's replication and the local tier's retention.
+"""The remote tier of a Checkpointer: `rlckpt train`'s replication queue (``tiers.ReplicationQueue``: one copy in
+flight, a newer step supersedes a waiting one) hosted on an event loop of its own, for a caller without one.
 
-Functions and one class that `rlckpt train`'s controller can share (docs/trainer.md lists where): the tiers
-made one run before the first save (``tiers.one_run``), the replication queue (``tiers.ReplicationQueue``: one
-copy in flight, a newer step supersedes a waiting one) hosted on an event loop of its own for a caller without
-one, and retention after a commit with the remote tier's holds (``ReplicationQueue.holds``): never a bundle newer
-than the newest one the remote tier holds as that bundle of this run. No remote call runs on the caller's
-thread, nor in retention: a replication, and the read of what the remote tier holds, run in a thread of the
-queue's; retention asks the queue for its last answer.
+What follows a commit is `rlckpt train`'s (docs/trainer.md, what `rlckpt train` shares): the replication when
+due, then retention (``checkpoint.retention.retain_after_commit``) with the holds the queue's last read of the
+remote tier gives (``ReplicationQueue.holds``): never a bundle newer than the newest one the remote tier holds
+as that bundle of this run. No remote call runs on the caller's thread, nor in retention: a replication, and
+the read of what the remote tier holds, run in a thread of the queue's; retention asks the queue for its last
+answer.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from rlckpt.store import BundleStore, Retention
+from rlckpt.store import BundleStore
 from rlckpt.tiers import BundleReplicator, ReplicationConfig, ReplicationQueue, ThreadReplicator
 
 logger = logging.getLogger(__name__)
-
-# Threads that verify and delete bundles in a retention after a save: it runs beside training, which keeps
-# the cores (checkpoint/save.py measured the same for rlckpt train's controller).
-RETENTION_WORKERS = 1
-
-
-def retain_after_commit(
-    store: BundleStore,
-    retention: Retention,
-    holds: Callable[[], Mapping[int, str]] | None = None,
-    *,
-    max_workers: int = RETENTION_WORKERS,
-) -> list[int] | None:
-    """Retention after a successful commit: `retention`'s rules plus the steps `holds()` says must stay (a
-    remote tier's). It never un-commits the save, so a failure is logged, not raised; when `holds` cannot
-    say what must be kept, nothing is deleted this time, and when they hold every bundle there is (the
-    remote tier holds nothing of the run, or is silent), gc does not run: it could delete nothing.
-
-    Returns:
-        The steps deleted, or None when retention failed (logged) or has no rule.
-    """
-    if not retention.deletes:
-        return None
-    try:
-        held = dict(holds()) if holds is not None else {}
-        if held and set(store.marked_steps()) <= held.keys():
-            return []
-        report = store.gc(
-            retention=dataclasses.replace(retention, holds={**retention.holds, **held}), max_workers=max_workers
-        )
-    except Exception:
-        logger.warning("retention (%s) of %s failed; the new bundle is committed", retention, store.url, exc_info=True)
-        return None
-    if report.deleted_steps:
-        logger.info("retention deleted step(s) %s at %s", report.deleted_steps, store.url)
-    return list(report.deleted_steps)
 
 
 class BackgroundReplication:

@@ -21,7 +21,6 @@ import json
 import logging
 import math
 import os
-import signal
 import sys
 import threading
 import time
@@ -29,14 +28,15 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+# both stopping modules are stdlib only: `rlckpt --help` stays fast
+from rlckpt.checkpoint.stopping import DEFAULT_GRACE_S, GracePeriod, StopSignals
 from rlckpt.cli import _common
-from rlckpt.controller.stopping import STOP_MARGIN_S, StopRequest  # stdlib only: `rlckpt --help` stays fast
+from rlckpt.controller.stopping import STOP_MARGIN_S, StopRequest
 from rlckpt.errors import FinalSaveAbortedError
 
 if TYPE_CHECKING:
     from rlckpt.store import BundleStore
 
-DEFAULT_GRACE_S = 60.0
 LIST_WAIT_S = 5.0  # how long the report of a stop waits for the run dir's listing
 
 
@@ -130,10 +130,11 @@ class StopState:
       the step reached is committed, 143 if its save was aborted.
     - shutting down: ignored; the run's own outcome stands.
 
-    Python may run the handler once for several signals that came close together (it only flags that a
-    signal came); the wakeup fd, where the C-level handler writes one byte per signal, counts them all.
-    The first SIGTERM also arms the backstop: the process ends ``grace_s + STOP_MARGIN_S`` after it
-    whatever happens meanwhile (``on_overrun`` with the exit code the state stands for)."""
+    The SIGTERMs are counted by ``rlckpt.checkpoint.stopping.StopSignals`` (each one once, also when Python
+    hands several to one handler call), as the Checkpointer's SaveAndStop counts them; the grace period is
+    its ``GracePeriod``, from the first SIGTERM. The first SIGTERM also arms the backstop: the process ends
+    ``grace_s + STOP_MARGIN_S`` after it whatever happens meanwhile (``on_overrun`` with the exit code the
+    state stands for)."""
 
     def __init__(
         self,
@@ -144,42 +145,32 @@ class StopState:
         on_overrun: Callable[[int], None] | None = None,
         margin_s: float = STOP_MARGIN_S,
     ) -> None:
-        self.on_sigterm, self.grace_s, self.clock, self.margin_s = on_sigterm, grace_s, clock, margin_s
+        self.on_sigterm, self.grace_s, self.margin_s = on_sigterm, grace_s, margin_s
+        self.grace = GracePeriod(grace_s, clock)
         self.on_overrun = on_overrun or _exit_now
+        self.signals = StopSignals(self._one_sigterm)
         self.phase = Phase.STARTING
-        self.received = 0  # SIGTERMs acted on
         self.startup_stopped = False
         self.stopped_at_once = False
         self.outcome: int | None = None  # the exit code, once the run's end has decided it
-        self._first_at: float | None = None
-        self._wakeup: tuple[int, int] | None = None
-        self._previous: tuple[Any, int] | None = None
         self._backstop: threading.Timer | None = None
+
+    @property
+    def received(self) -> int:
+        """SIGTERMs acted on."""
+        return self.signals.received
 
     # --- the driver's side ---------------------------------------------------------------------
 
     def install(self) -> None:
         """The SIGTERM handler from now on, and the wakeup fd that counts SIGTERMs (main thread only)."""
-        read, write = os.pipe()
-        os.set_blocking(read, False)
-        os.set_blocking(write, False)
-        self._wakeup = (read, write)
-        previous_handler = signal.signal(signal.SIGTERM, self.handle)
-        self._previous = (previous_handler, signal.set_wakeup_fd(write, warn_on_full_buffer=False))
+        self.signals.install()
 
     def uninstall(self) -> None:
         """The handler and wakeup fd from before ``install``; the backstop disarmed."""
         if self._backstop is not None:
             self._backstop.cancel()
-        if self._previous is not None:
-            handler, wakeup = self._previous
-            signal.set_wakeup_fd(wakeup)
-            signal.signal(signal.SIGTERM, handler)
-            self._previous = None
-        if self._wakeup is not None:
-            for fd in self._wakeup:
-                os.close(fd)
-            self._wakeup = None
+        self.signals.uninstall()
 
     def enter(self, phase: Phase) -> None:
         """The run moved on. Entering training after a SIGTERM stopped the start-up (something swallowed
@@ -192,9 +183,10 @@ class StopState:
 
     def pending(self) -> StopRequest | None:
         """The save-and-stop the first SIGTERM asked for, with what is left of its grace; None before one."""
-        if self._first_at is None or self.on_sigterm != "save" or self.startup_stopped:
+        left = self.grace.left()
+        if left is None or self.on_sigterm != "save" or self.startup_stopped:
             return None
-        return StopRequest("preempted", max(0.0, self.grace_s - (self.clock() - self._first_at)))
+        return StopRequest("preempted", left)
 
     def exit_code(self) -> int:
         """What the process exits with if it must end now: the run's outcome once known; else 0 when nothing
@@ -209,40 +201,11 @@ class StopState:
 
     def handle(self, signum: int, frame: Any) -> None:
         """The SIGTERM handler: acts once for every SIGTERM that came since it last ran."""
-        came = self._drain_wakeup()
-        if came == 0 and not self._counting():  # no count to go by: this call is one SIGTERM
-            came = 1
-        for _ in range(came):  # 0: it came while the handler ran, and was counted by that run
-            self._one_sigterm()
+        self.signals.handle(signum, frame)
 
-    def _counting(self) -> bool:
-        """The wakeup fd is still ours (nothing set another since ``install``); asking means setting it."""
-        if self._wakeup is None:
-            return False
-        current = signal.set_wakeup_fd(self._wakeup[1], warn_on_full_buffer=False)
-        if current != self._wakeup[1]:
-            signal.set_wakeup_fd(current)  # theirs stays; we count one per call from now on
-            return False
-        return True
-
-    def _drain_wakeup(self) -> int:
-        """SIGTERMs the C-level handler has written to the wakeup fd since the last drain."""
-        if self._wakeup is None:
-            return 0
-        count = 0
-        while True:
-            try:
-                data = os.read(self._wakeup[0], 512)
-            except BlockingIOError:
-                return count
-            if not data:
-                return count
-            count += data.count(bytes([signal.SIGTERM]))
-
-    def _one_sigterm(self) -> None:
-        self.received += 1
-        if self._first_at is None:
-            self._first_at = self.clock()
+    def _one_sigterm(self, signum: int, frame: Any) -> None:
+        if not self.grace.started:
+            self.grace.start()
             self._arm_backstop()
         if self.phase is Phase.SHUTTING_DOWN or self.startup_stopped or self.stopped_at_once:
             return  # the outcome is decided: the shutdown must finish (a scheduler's SIGKILL is the backstop)

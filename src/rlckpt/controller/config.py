@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rlckpt.checkpoint.save import UploadTiming
+from rlckpt.checkpoint.stopping import DEFAULT_GRACE_S, UNMEASURED_SAVE_S
 from rlckpt.controller.capacity import check_rank_resources
 from rlckpt.controller.stopping import ABORT_WAIT_S
 from rlckpt.dataplane.tq_client import DEFAULT_TQ_CONFIG
@@ -65,8 +66,8 @@ class TrainConfig:
     # until the run has measured one, and how long a stop waits for what it cancelled (a save whose storage
     # does not answer) before leaving it behind
     save_by: float | None = None
-    grace_s: float = 60.0
-    unmeasured_save_s: float = 10.0
+    grace_s: float = DEFAULT_GRACE_S
+    unmeasured_save_s: float = UNMEASURED_SAVE_S
     stop_abort_s: float = ABORT_WAIT_S
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     tq_config: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_TQ_CONFIG))

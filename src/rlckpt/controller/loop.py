@@ -38,10 +38,11 @@ import torch
 from rlckpt.checkpoint import layout
 from rlckpt.checkpoint.row_copy import RowCopier
 from rlckpt.checkpoint.save import PendingSave, SaveHook, SaveParticipants, SaveReport, start_save
+from rlckpt.checkpoint.stopping import DeadlinePlan, GracePeriod, SaveTimes
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.handles import Generator, Trainer
 from rlckpt.controller.loop_state import LoopState
-from rlckpt.controller.stopping import DeadlinePlan, SaveTimes, StopReason, StopRequest
+from rlckpt.controller.stopping import StopReason, StopRequest
 from rlckpt.errors import CheckpointError, FinalSaveAbortedError, SaveFailedError
 from rlckpt.grpo import DigitSumTask, PromptLoader, TrainBatch, grouped_advantages, weights_sha256
 from rlckpt.replay import GroupRecord, ReplayBuffer
@@ -147,8 +148,8 @@ class ControllerLoop:
         self._step_ended = asyncio.Event()  # the deadline watch re-plans at every step
         self._stop: StopRequest | None = None
         self._stop_requested = asyncio.Event()
-        self._grace_at: float | None = None  # event-loop time by which the stop must be done
-        self._grace_moved = asyncio.Event()  # wakes run() when _grace_at is set or moved
+        self._grace: GracePeriod | None = None  # on the event loop's clock, from the stop request
+        self._grace_moved = asyncio.Event()  # wakes run() when the grace period is set or moved
         self._abort_by: float | None = None  # event-loop time until which cancelled work is waited for
         self._cancelled = False  # run() was cancelled: stopped at once
 
@@ -279,7 +280,7 @@ class ControllerLoop:
         if self._stop is not None:
             return
         self._stop = request
-        self._end_grace_at(asyncio.get_running_loop().time() + request.grace_s)
+        self._end_grace_in(request.grace_s)
         self._stop_requested.set()
         logger.warning(
             "stop requested (%s) at step %d: saving at the next safe point, %.0fs grace%s",
@@ -354,16 +355,15 @@ class ControllerLoop:
 
     async def _within_grace(self, body: asyncio.Task[None]) -> bool:
         """Wait for the run's body; False when a stop's grace period runs out first."""
-        loop = asyncio.get_running_loop()
         while not body.done():
             self._grace_moved.clear()
             moved = asyncio.ensure_future(self._grace_moved.wait())
-            timeout = None if self._grace_at is None else max(0.0, self._grace_at - loop.time())
+            timeout = None if self._grace is None else self._grace.left()
             try:
                 await asyncio.wait({body, moved}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 moved.cancel()
-            if not body.done() and self._grace_at is not None and loop.time() >= self._grace_at:
+            if not body.done() and self._grace is not None and self._grace.left() == 0:
                 return False
         return True
 
@@ -376,9 +376,10 @@ class ControllerLoop:
             self._abort_by = asyncio.get_running_loop().time() + self.config.stop_abort_s
         return self._abort_by
 
-    def _end_grace_at(self, when: float) -> None:
-        """The grace period ends at event-loop time ``when`` (set by a stop request)."""
-        self._grace_at = when
+    def _end_grace_in(self, seconds: float) -> None:
+        """The grace period ends ``seconds`` from now (set by a stop request)."""
+        self._grace = GracePeriod(seconds, asyncio.get_running_loop().time)
+        self._grace.start()
         self._grace_moved.set()
 
     async def _grace_ran_out(self, body: asyncio.Task[None]) -> None:
@@ -436,9 +437,8 @@ class ControllerLoop:
         return self._save_in_flight is not None and not self._save_in_flight.done()
 
     def _grace_left(self) -> float:
-        if self._grace_at is None:
-            return float("inf")
-        return self._grace_at - asyncio.get_running_loop().time()
+        left = None if self._grace is None else self._grace.left()
+        return math.inf if left is None else left
 
     def _train_step_ended(self) -> None:
         """A step ended: the deadline is re-planned now (in the train pump, so a stop it calls for
@@ -453,7 +453,7 @@ class ControllerLoop:
         if self._stop is not None:
             return True
         now, in_flight = self.clock(), self._saving()
-        if plan.seconds_until_stop(now, in_flight) > 0:
+        if not plan.due(now, in_flight):
             return False
         self.request_stop(StopRequest("deadline", self.config.grace_s), detail=plan.explain(now, in_flight))
         return True

@@ -5,7 +5,8 @@ Every method that touches the weights is a collective: the group handle (``train
 on all ranks at once. A second gloo group is used by checkpoints only, so a save running in DCP's
 background thread never interleaves its collectives with training's on the same group.
 
-A save is two calls, as the controller's save wants it (checkpoint/save.py, ``StagedPolicy``):
+A save is two calls, as the controller's save wants it (checkpoint/save.py, ``StagedPolicy``), each the
+per-rank save every writer of a run shares (checkpoint/rank_save.py, the Checkpointer's ranks call it too):
 
 - ``stage_policy(copy)``: the rank's shards copied to host memory with DCP's own stager (what
   ``dcp.async_save`` does before it writes). It needs no transaction, so the controller begins the
@@ -19,6 +20,7 @@ A save is two calls, as the controller's save wants it (checkpoint/save.py, ``St
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import socket
 from collections.abc import Callable
@@ -27,11 +29,11 @@ from datetime import timedelta
 from typing import Any
 
 from rlckpt.checkpoint import codec, layout
+from rlckpt.checkpoint.rank_save import StagedShards, stage_shards
 from rlckpt.checkpoint.restore import PolicyLocation
 from rlckpt.checkpoint.run_format import POLICY_WHOLE
-from rlckpt.errors import TrainerGroupError
+from rlckpt.errors import ShardWriteError, TrainerGroupError
 from rlckpt.grpo import GRPOConfig, TrainBatch, Trainer
-from rlckpt.grpo.trainer import checkpoint_failure
 from rlckpt.store import BundleStore, Receipt, TransactionHandle
 
 logger = logging.getLogger(__name__)
@@ -48,7 +50,7 @@ class _RankSave:
     """This rank's staged policy: a host-memory copy of its shards, not yet written."""
 
     copy: str
-    state: dict[str, Any]
+    staged: StagedShards
 
 
 class TrainerRank:
@@ -138,11 +140,9 @@ class TrainerRank:
     def stage_policy(self, copy: str) -> None:
         """Copy this rank's model + AdamW shards to host memory (DCP's staging, what ``async_save`` does
         first); returns once the copy is made, so the trainer may step again while it is written."""
-        from torch.distributed.checkpoint.staging import BlockingAsyncStager
-
         self.discard_policy()
         try:
-            staged = BlockingAsyncStager().stage(self.trainer.checkpoint_state())
+            staged = stage_shards(self.trainer.checkpoint_state())
         except Exception as exc:
             raise TrainerGroupError(f"trainer rank {self.rank}: staging policy copy {copy} failed: {exc}") from exc
         self._save = _RankSave(copy, staged)
@@ -150,31 +150,25 @@ class TrainerRank:
     def write_policy(self, handle: TransactionHandle, copy: str) -> Receipt:
         """Write the staged copy into the transaction with ``dcp.save`` through a ``BundleStorageWriter``
         joined as participant ``rank<r>``; its receipt. On any failure this rank's files are dropped."""
-        import torch.distributed.checkpoint as dcp
-
-        from rlckpt.dcp import BundleStorageWriter
-
         save, self._save = self._save, None
         if save is None or save.copy != copy:
             raise TrainerGroupError(
                 f"trainer rank {self.rank}: step {handle.step}: policy copy {copy} is not the one staged here "
                 f"({save.copy if save else 'none'})"
             )
-        writer = None
+        planner = None if self.save_planner is None else functools.partial(self.save_planner, self.rank, handle.step)
         try:
-            writer = BundleStorageWriter(handle, participant=f"rank{self.rank}", prefix=layout.POLICY_DIR)
-            planner = self.save_planner(self.rank, handle.step) if self.save_planner is not None else None
-            dcp.save(save.state, storage_writer=writer, planner=planner, process_group=self._checkpoint_group)
-            receipt = writer.receipt
-        except BaseException as exc:  # CheckpointException (BaseException) carries each rank's failure
-            if writer is not None:
-                _abort_quietly(writer)
+            return save.staged.write(
+                handle,
+                participant=f"rank{self.rank}",
+                prefix=layout.POLICY_DIR,
+                process_group=self._checkpoint_group,
+                planner=planner,
+            )
+        except ShardWriteError as exc:
             raise TrainerGroupError(
-                f"trainer rank {self.rank}: writing the policy of step {handle.step} failed: {checkpoint_failure(exc)}"
+                f"trainer rank {self.rank}: writing the policy of step {handle.step} failed: {exc.failures}"
             ) from None
-        if receipt is None:
-            raise TrainerGroupError(f"trainer rank {self.rank}: the save of step {handle.step} left no receipt")
-        return receipt
 
     def discard_policy(self, copy: str | None = None) -> None:
         """Drop the staged copy (``copy``, or whichever is held) that will not be written."""
@@ -212,10 +206,3 @@ class TrainerRank:
         """The file's bytes, digest-checked by the store, then loaded by ``codec.loads`` (no code from a bundle)."""
         data = store.open(location.step).read_bytes(location.prefix)
         self.trainer.load_state_dict(codec.loads(data, origin=origin), origin=origin)
-
-
-def _abort_quietly(writer: Any) -> None:
-    try:
-        writer.abort()
-    except Exception:
-        logger.warning("dropping an unfinished policy save failed; `rlckpt gc` removes its files", exc_info=True)

@@ -6,7 +6,8 @@ In order, on both ranks (an FSDP2 MLP + AdamW on a CPU mesh, gloo on 127.0.0.1):
  1. restore step 1, saved by the test process at world size 1 (resharded to 2 ranks)
  2. a step of training; async save of step 2 (shared piece, each rank's own piece, metrics); wait
  3. save of step 4 with a piece on rank 1 that would need pickle: refused before anything is written
- 4. save of step 4 whose DCP write fails on rank 1 (its planner): the save fails on both at wait()
+ 4. save of step 4 whose DCP write fails on rank 1 (its planner): the save fails on both at wait(); then
+    one whose planner rank 1 cannot even make: the same, at once on both (checkpoint/rank_save.py)
  5. stop agreement: rank 1 alone asks; both polls answer the same
  6. save of step 6 (the state of step 2): goes through after the failures
  7. save of step 8 during which rank 1 dies (os._exit in its planner): rank 0's wait fails, without a hang
@@ -52,11 +53,15 @@ class RanksSpec:
 
 class _Planners:
     """The save planner each save gets: DCP's own, or one that breaks rank 1 ("fail": raises while planning;
-    "die": ends its process)."""
+    "die": ends its process; "refuse": rank 1 cannot make one)."""
 
     how: str | None = None
 
     def __call__(self) -> DefaultSavePlanner:
+        import torch.distributed as dist
+
+        if self.how == "refuse" and dist.get_rank() == 1:
+            raise RuntimeError("injected: rank 1 cannot make its planner")
         return _RankOnePlanner(self.how) if self.how else DefaultSavePlanner()
 
 
@@ -144,6 +149,9 @@ def run(rank: int, world_size: int, port: int, spec: RanksSpec) -> None:
         planners.how = "fail"
         started = _outcome(lambda: ckpt.save(4, policy_state(model, optim)))
         record("save_4_write", {"save": started, "wait": _outcome(lambda: ckpt.wait() and None)})
+        planners.how = "refuse"
+        started = _outcome(lambda: ckpt.save(4, policy_state(model, optim)))
+        record("save_4_planner", {"save": started, "wait": _outcome(lambda: ckpt.wait() and None)})
         planners.how = None
 
         # 5: a stop asked on one rank

@@ -1,6 +1,7 @@
 """Faults inside one trainer rank's DCP save, for crash tests: a save planner that raises, or ends the
 rank's process with ``os._exit``, while the rank writes its shards (DCP calls ``resolve_data`` for every
-item inside the storage writer's ``write_data``, in the save's background thread).
+item inside the storage writer's ``write_data``, in the save's background thread); or a planner the rank
+cannot make at all (``refuse``: the factory raises).
 
 ``python -m rlckpt.testing.rank_faults STEP RANK HOW train ARGS...`` is the real ``rlckpt train`` with
 that fault installed (HOW: ``raise`` or ``exit``).
@@ -19,7 +20,7 @@ from torch.distributed.checkpoint import DefaultSavePlanner
 
 logger = logging.getLogger(__name__)
 
-FaultKind = Literal["raise", "exit"]
+FaultKind = Literal["raise", "exit", "refuse"]
 EXIT_CODE = 17
 
 
@@ -53,6 +54,8 @@ class FailRankSave:
     def __call__(self, rank: int, step: int) -> DefaultSavePlanner | None:
         if (rank, step) != (self.rank, self.step):
             return None
+        if self.how == "refuse":
+            raise InjectedRankFault(f"rank {rank}: injected: no planner for step {step}")
         return _FaultingPlanner(rank, step, self.how)
 
 

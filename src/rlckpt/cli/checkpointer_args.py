@@ -1,5 +1,6 @@
 """Command-line flags for a trainer's Checkpointer — the run-level flags of `rlckpt train`, with the same names:
-storage options, retention, the remote tier, keys, sync saves, the stop's grace and deadline.
+storage options, retention, the remote tier, keys, sync saves, the stop's grace and deadline. It lives with
+the `rlckpt` command's flags (it reuses them); the Checkpointer itself reads no command line.
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--run-dir", required=True)
@@ -15,13 +16,12 @@ import argparse
 import time
 from typing import Any
 
+from rlckpt.checkpoint.stopping import DEFAULT_GRACE_S
+from rlckpt.checkpointer import CheckpointerConfig
 from rlckpt.cli import _common
 from rlckpt.cli.retention_args import positive_int
 from rlckpt.store import Retention
 from rlckpt.tiers import ReplicationConfig
-
-from .config import CheckpointerConfig
-from .stop import DEFAULT_GRACE_S
 
 
 def add_checkpointer_arguments(parser: argparse.ArgumentParser) -> None:
