@@ -118,3 +118,29 @@ def test_a_tensor_item_cut_short_is_refused_not_read_past_its_end():
     torch.save(torch.ones(1000), archive)
     with pytest.raises(RuntimeError):
         load_tensor_view(memoryview(bytearray(archive.getvalue()[:-2000])))
+
+
+def test_a_ranks_joined_writers_reuse_one_store_and_its_client_across_saves(store_location, monkeypatch):
+    """A trainer rank makes a new writer per save: building a store (an S3 client, new connections) for each
+    would cost every save; the process keeps one per run."""
+    from rlckpt.dcp import writer as writer_module
+
+    url, options = store_location
+    made = []
+
+    class Counted(BundleStore):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(writer_module, "BundleStore", Counted)
+    monkeypatch.setattr(writer_module, "_STORES", type(writer_module._STORES)())
+    coordinator = BundleStore(url, options)
+    model, optim = plain_policy(64, 2, seed=0)
+    for step in (1, 2):
+        txn = coordinator.begin(step)
+        writer = BundleStorageWriter(txn.handle(), participant="rank0")
+        dcp.save(policy_state(model, optim), storage_writer=writer)
+        txn.commit(receipts=[writer.receipt], participants={"rank0"})
+    assert len(made) == 1
+    assert coordinator.steps() == [1, 2]

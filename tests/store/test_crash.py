@@ -166,7 +166,6 @@ WRITER = textwrap.dedent(
     """
     import json, sys, time
     from rlckpt.store import BundleStore
-from rlckpt.store.backends.s3_io import PartBuffers
     url, options = sys.argv[1], json.loads(sys.argv[2])
     store = BundleStore(url, options)
     txn = store.begin(2)

@@ -153,12 +153,13 @@ class FileWriter:
         if aborted:
             pending.abandon()
         else:
-            done.add_done_callback(functools.partial(self._note_failure, relpath))
+            done.add_done_callback(functools.partial(self._note_failure, relpath, pending.in_place))
 
-    def _note_failure(self, relpath: str, done: Future[None]) -> None:
-        """Remember the first file that failed to finish: the writer's next `open` raises it at once."""
+    def _note_failure(self, relpath: str, in_place: bool, done: Future[None]) -> None:
+        """Remember the first file that failed to finish as `_wait_durable` would fail: the writer's next `open`
+        raises it at once."""
         failure = None if done.cancelled() else done.exception()
-        if failure is None:
+        if failure is None or isinstance(failure, _LEFT_TO_THE_LISTING[in_place]):
             return
         with self._lock:
             if self._failed is None:
