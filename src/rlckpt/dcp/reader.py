@@ -109,9 +109,9 @@ class _BufferStream(io.RawIOBase):
 class _Prefetch:
     """The shard files one rank's load plan needs, in the order the read loop will want them, fetched ahead by
     `workers` threads while what they hold stays within `budget` bytes (READ_AHEAD_BYTES): a file is started
-    only if it fits beside the files fetched and not yet closed by the loop, or when none is held (so a file
-    larger than the budget is read alone). Memory is bounded by the budget, or by one such file, whatever the
-    number and size of the files.
+    only if it fits beside the files fetched and not yet closed by the loop (the one being loaded included),
+    or when none is held (so a file larger than the budget is read alone). Memory is bounded by the budget, or
+    by one such file, whatever the number and size of the files.
 
     Every fetch is digest-checked before its bytes are handed out. An uncompressed file up to IN_MEMORY_MAX,
     or one that holds a single item (what DCP's own load allocates for that item anyway), is read into a
@@ -171,7 +171,7 @@ class _Prefetch:
             while self._next < len(self._order) and not self._closed:
                 rel = self._order[self._next]
                 cost = self._cost(rel)
-                if self._futures and self._held + cost > self.budget:
+                if self._held and self._held + cost > self.budget:
                     return  # wait until the loop closes a file
                 self._next += 1
                 if rel not in self._futures:

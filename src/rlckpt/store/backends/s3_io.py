@@ -97,6 +97,12 @@ class PartBuffers:
             if len(buf) == self.size and len(self._idle) < self.max_idle:
                 self._idle.append(buf)
 
+    @property
+    def idle_bytes(self) -> int:
+        """What the pool keeps between uploads."""
+        with self._lock:
+            return len(self._idle) * self.size
+
 
 UPLOAD_SLOTS = UploadSlots(UPLOADS_IN_FLIGHT)  # one per process: a rank's uploads, of every store, share them
 PART_BUFFERS = PartBuffers(PART_SIZE, max_idle=UPLOADS_IN_FLIGHT + 2)
