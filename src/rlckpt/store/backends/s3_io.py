@@ -16,6 +16,7 @@ Memory is bounded by construction, not by luck:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Coroutine
@@ -105,7 +106,7 @@ class PartBuffers:
 
 
 UPLOAD_SLOTS = UploadSlots(UPLOADS_IN_FLIGHT)  # one per process: a rank's uploads, of every store, share them
-PART_BUFFERS = PartBuffers(PART_SIZE, max_idle=UPLOADS_IN_FLIGHT + 2)
+PART_BUFFERS = PartBuffers(PART_SIZE, max_idle=UPLOADS_IN_FLIGHT + 1)  # the most one writer has out at once
 
 
 def _on_loop(fs: Any, coro: Coroutine[Any, Any, Any]) -> Future[Any]:
@@ -192,19 +193,27 @@ class S3Upload:
         return future
 
     def _send_part(self, buf: bytearray, filled: int) -> None:
-        """Upload `buf[:filled]` as the next part (creating the multipart upload first); `buf` goes back to the
-        pool once its request ended."""
+        """Upload `buf[:filled]` as the next part (creating the multipart upload first)."""
         if self._upload_id is None:
             created = _on_loop(self.fs, self.fs._call_s3("create_multipart_upload", Bucket=self._bucket, Key=self._key))
             self._upload_id = created.result()["UploadId"]
-        body = buf if filled == len(buf) else bytes(memoryview(buf)[:filled])
-        if body is not buf:
-            self._buffers.give(buf)
         number = len(self._parts) + 1
-        part = self._request("upload_part", UploadId=self._upload_id, PartNumber=number, Body=body)
-        if body is buf:
-            part.add_done_callback(lambda _f: self._buffers.give(buf))
-        self._parts.append(part)
+        self._parts.append(self._send(buf, filled, "upload_part", UploadId=self._upload_id, PartNumber=number))
+
+    def _send(self, buf: bytearray, filled: int, method: str, **kwargs: Any) -> Future[Any]:
+        """Request `method` with body `buf[:filled]`; `buf` goes back to the pool once the request ended. A body
+        is never copied when it fills at least half its buffer: the buffer is cut to it in place (a bytearray
+        shrinks without moving when it keeps at least half its size) and grown back afterwards; a smaller one
+        is copied out and the buffer given back at once."""
+        if filled * 2 < len(buf):
+            body = bytes(memoryview(buf)[:filled])
+            self._buffers.give(buf)
+            return self._request(method, Body=body, **kwargs)
+        full = len(buf)
+        del buf[filled:]
+        request = self._request(method, Body=buf, **kwargs)
+        request.add_done_callback(lambda _f: self._buffers.give(_regrown(buf, full)))
+        return request
 
     # --- ending ---------------------------------------------------------------------------------
     def finish(self) -> PendingWrite:
@@ -215,10 +224,13 @@ class S3Upload:
         self._raise_failed_part()
         self._state = "finished"
         try:
-            if self._upload_id is None:
-                body = self._small if self._part is None else bytes(memoryview(self._part)[: self._filled])
-                self._release_buffer()
+            if self._upload_id is None and self._part is None:
+                body, self._small = self._small, bytearray()
                 self._single = self._request("put_object", Body=body)
+            elif self._upload_id is None:
+                part, self._part = self._part, None
+                assert part is not None
+                self._single = self._send(part, self._filled, "put_object")
             else:
                 assert self._part is not None and self._filled > 0, "a part goes out only when bytes follow it"
                 part, filled = self._part, self._filled
@@ -290,6 +302,12 @@ class S3Upload:
             self._release_buffer()
 
 
+def _regrown(buf: bytearray, size: int) -> bytearray:
+    """A part buffer cut to its body, grown back to `size` bytes (within its allocation: no move)."""
+    buf.extend(bytes(size - len(buf)))
+    return buf
+
+
 def _pieces(start: int, length: int, piece: int) -> list[tuple[int, int]]:
     """[start, start+length) as about-equal ranges of at most about `piece` bytes (offset, size). The last byte
     of a read is usually the one that notices a longer file: it rides with the last piece, not alone."""
@@ -316,13 +334,18 @@ def _is_past_the_end(exc: BaseException) -> bool:
     )
 
 
-async def _ranged(fs: Any, path: str, start: int, end: int) -> bytes:
+async def _ranged_into(fs: Any, path: str, start: int, target: memoryview) -> int:
+    """GET bytes [start, start+len(target)) of `path` (s3fs's ranged read, with its retries) into `target`; how
+    many there were (fewer at the end of the object, 0 past it). Streaming the body into `target` chunk by
+    chunk instead measured no faster: the loop thread then spends per chunk what the join saves."""
     try:
-        return bytes(await fs._cat_file(path, start=start, end=end))
+        data = await fs._cat_file(path, start=start, end=start + len(target))
     except OSError as exc:
         if _is_past_the_end(exc):
-            return b""
+            return 0
         raise
+    target[: len(data)] = data
+    return len(data)
 
 
 def read_ranges(
@@ -334,32 +357,27 @@ def read_ranges(
     piece: int = READ_PIECE,
     in_flight: int = READS_IN_FLIGHT,
 ) -> int:
-    """Fill `view` with bytes [start, start+len(view)) of `path` by ranged GETs, up to `in_flight` at once; each
-    piece is copied in and handed to `on_chunk` in order, as soon as it and those before it have landed.
-    Returns how many bytes there were (fewer than asked at the end of the object)."""
+    """Fill `view` with bytes [start, start+len(view)) of `path` by ranged GETs, up to `in_flight` at once, each
+    copied into its place on the client's loop; each piece is handed to `on_chunk` in order, as soon as it and
+    those before it have landed. Returns how many bytes there were (fewer than asked at the end of the object)."""
     ranges = _pieces(start, len(view), piece)
-    futures: list[Future[bytes]] = []
+    futures: list[Future[int]] = []
     got = 0
     try:
         for i, (at, size) in enumerate(ranges):
             while len(futures) - i < in_flight and len(futures) < len(ranges):
                 a, n = ranges[len(futures)]
-                futures.append(_on_loop(fs, _ranged(fs, path, a, a + n)))
-            data = futures[i].result()
-            futures[i] = _DONE
-            target = view[at - start : at - start + len(data)]
-            target[:] = data
-            del data
-            if on_chunk is not None and len(target):
-                on_chunk(target)
-            got += len(target)
-            if len(target) < size:
+                futures.append(_on_loop(fs, _ranged_into(fs, path, a, view[a - start : a - start + n])))
+            n = futures[i].result()
+            if on_chunk is not None and n:
+                on_chunk(view[at - start : at - start + n])
+            got += n
+            if n < size:
                 break  # the object ends here: what follows is not read
         return got
     finally:
         for future in futures:
             future.cancel()
-
-
-_DONE: Future[bytes] = Future()
-_DONE.set_result(b"")
+        for future in futures:  # none may still write into `view` once this returns
+            with contextlib.suppress(BaseException):
+                future.result()
