@@ -5,8 +5,10 @@ For each rank count, N ranks are spawned once (gloo on 127.0.0.1, FSDP2 on a CPU
 and size they build the state, then per repeat save and load it through every system (the order rotates
 between repeats). A save or load is timed on rank 0 from a barrier before it to a barrier after it, so its time
 is the slowest rank's; its extra memory is each rank's peak resident set during it over the one before it
-(the kernel's high-water mark, reset just before), the largest of the ranks. rlckpt's buffer pools, kept
-between loads, count as extra memory of every operation. Before each load the state is zeroed, after it the
+(the kernel's high-water mark, reset just before, after the heap's free memory went back to the kernel),
+the largest of the ranks. rlckpt's buffer pools, kept between operations, count as extra memory of every
+one of its operations; what another system's native client keeps between operations (the CRT's buffer
+pool) is not seen, so its figure is a lower bound. Before each load the state is zeroed, after it the
 loaded state is compared bitwise with what was saved.
 
 Systems:
@@ -26,6 +28,7 @@ Systems:
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import gc
 import json
@@ -217,7 +220,13 @@ def _proc_status_kib(field_name: str) -> int:
 
 
 def _reset_peak_rss() -> None:
-    """Reset the kernel's high-water mark of this process's resident set (VmHWM) to its current size."""
+    """Give the heap's free memory back to the kernel (glibc keeps what earlier operations freed, and the next
+    one would reuse it without its RSS growing: its extra memory would depend on what ran before), then reset
+    the kernel's high-water mark of this process's resident set (VmHWM) to its current size."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
     try:
         with open("/proc/self/clear_refs", "w") as refs:
             refs.write("5")

@@ -10,7 +10,8 @@ Memory is bounded by construction, not by luck:
 - at most `UploadSlots.limit` requests are in flight per process (UPLOADS_IN_FLIGHT), each holding at most one
   part; a writer whose next part finds every slot taken waits for one (the slots are the only thing it waits
   for, and a request in flight waits for nothing, so this cannot deadlock);
-- a read holds at most READS_IN_FLIGHT pieces of at most READ_PIECE bytes besides the caller's buffer.
+- a read holds at most READS_IN_FLIGHT pieces of about READ_PIECE bytes besides the caller's buffer (the
+  client joins a piece's chunks, so about twice that while it lands).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ log = logging.getLogger(__name__)
 PART_SIZE = WRITE_BLOCK_SIZE  # a file up to this size is one PUT; a larger one is uploaded in parts of this size
 SMALL_FILE = 1 << 20  # a file's first bytes go to a small buffer that grows; a part buffer only beyond this
 UPLOADS_IN_FLIGHT = 4  # PUTs and parts in flight per process (a trainer rank): 4 x PART_SIZE at most
-READ_PIECE = 8 << 20  # a read of a larger range is split into ranged GETs of about this size ...
-READS_IN_FLIGHT = 4  # ... this many of them at once
+READ_PIECE = 4 << 20  # a read of a larger range is split into ranged GETs of about this size ...
+READS_IN_FLIGHT = 2  # ... this many of them at once (each holds about twice its piece while it lands)
 
 # What CompleteMultipartUpload needs of each part besides its number (as s3fs sends it).
 _PART_KEYS = ("ETag", "ChecksumSHA256")
