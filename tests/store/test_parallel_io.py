@@ -5,12 +5,13 @@ by every other store test on both backends. Parts are 5 MiB here (S3's smallest)
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
 
 from rlckpt.errors import CorruptBundleError
-from rlckpt.store import BundleStore
+from rlckpt.store import BundleStore, BundleTransaction, copy_bundle
 from rlckpt.store.backends.s3_io import PartBuffers, UploadSlots, _pieces
 from rlckpt.testing.faults import FaultPlan, FaultyFileSystem, InjectedFault
 from rlckpt.testing.store_checks import debris, declare_writers_dead, multipart_uploads, stored_path
@@ -162,3 +163,58 @@ def test_the_last_byte_of_a_read_rides_with_the_last_range():
     assert _pieces(0, (16 << 20) + 1, 8 << 20) == [(0, (8 << 20) + 1), ((8 << 20) + 1, 8 << 20)]
     assert _pieces(100, 1, 8 << 20) == [(100, 1)]
     assert sum(n for _at, n in _pieces(7, (5 << 20) + 3, 1 << 20)) == (5 << 20) + 3
+
+
+class GatedPuts(FaultyFileSystem):
+    """The real filesystem, with every PUT the uploads make held (off the loop) until `gate` is set."""
+
+    def __init__(self, inner, gate: threading.Event):
+        super().__init__(inner)
+        self._gate = gate
+
+    def __getattr__(self, name):
+        attr = super().__getattr__(name)
+        if name != "_call_s3":
+            return attr
+
+        def call(method, *args, **kwargs):
+            if method != "put_object":
+                return attr(method, *args, **kwargs)
+
+            async def held():
+                await asyncio.to_thread(self._gate.wait)
+                return await attr(method, *args, **kwargs)
+
+            return held()
+
+        return call
+
+
+def test_a_replica_commit_waits_for_the_uploads_still_finishing(tmp_path, s3_run_url, s3_storage_options, real_fs):
+    """A copied file's upload finishes in the background: the replica's commit must wait for it (here it is
+    let go only once the commit waits), as every commit does, or its listing check finds the file missing."""
+    source = BundleStore(str(tmp_path / "src"))
+    with source.begin(3) as txn:
+        with txn.open("policy/state.pt") as stream:
+            stream.write(pattern(3 << 20))
+        txn.commit()
+    gate = threading.Event()
+    dest = BundleStore(s3_run_url, s3_storage_options, fs=GatedPuts(real_fs, gate))
+    original_wait, original_abort = BundleTransaction._wait_durable, BundleTransaction.abort
+
+    def wait_durable(self):
+        gate.set()
+        original_wait(self)
+
+    def abort(self):  # a commit that did not wait fails; its abort must not wait on the held PUT forever
+        gate.set()
+        original_abort(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(BundleTransaction, "_wait_durable", wait_durable)
+        patch.setattr(BundleTransaction, "abort", abort)
+        report = copy_bundle(source, 3, dest)
+    assert report.copied_files == 1
+    assert BundleStore(s3_run_url, s3_storage_options, fs=real_fs).open(3).read_bytes("policy/state.pt") == pattern(
+        3 << 20
+    )
