@@ -237,6 +237,30 @@ class FinalSaveAbortedError(CheckpointError):
         self.last_committed_step = last_committed_step
 
 
+class CheckpointerError(CheckpointError):
+    """A call of `rlckpt.Checkpointer` (save, wait, restore) failed on some rank of the job, and so on every
+    rank: each raises it with the same message, naming the step, the rank(s) and the cause. A save that
+    raises it committed nothing; a restore that raises it loaded nothing the caller may use."""
+
+
+class SaveTimeoutError(CheckpointerError):
+    """A Checkpointer save did not commit within the time `wait(timeout=...)` gave it (a stop's grace
+    period): it was abandoned before its COMMIT (aborted: nothing of it committed, the newest committed
+    bundle stays the resume point). Names the step and the time."""
+
+
+class RankGroupError(CheckpointerError):
+    """A collective of the Checkpointer's own gloo groups failed: a rank died, or did not reach the same
+    call within the group's timeout (every rank must make the same Checkpointer calls in the same order).
+    Names the call and the cause; a save in flight is aborted."""
+
+
+class ExtraPieceError(CheckpointerError, ValueError):
+    """An extra piece of a Checkpointer save cannot be saved as a file no reader refuses: a name that is not
+    1-64 of [A-Za-z0-9_-], or a value that is neither plain JSON data nor tensors in plain containers (a
+    custom object would need pickle). Names the piece, the path inside it and the type. Nothing is saved."""
+
+
 class TrainerGroupError(CheckpointError):
     """A call to the trainer ranks failed: a rank raised, died, or did not answer within its timeout.
     Names the call (and its step) and each failed rank with its cause. A failed save of the policy

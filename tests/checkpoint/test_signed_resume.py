@@ -12,13 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from rlckpt.checkpoint.phase import RestorePhase
+from rlckpt.checkpoint.restore import PolicyLocation, restore_run
 from rlckpt.controller.config import TrainConfig
-from rlckpt.errors import CheckpointError
+from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
+from rlckpt.errors import CheckpointError, RunIdentityError
 from rlckpt.grpo import GRPOConfig
-from rlckpt.store import BundleStore, SigningKey
+from rlckpt.store import COMMIT_FORMAT, BundleStore, SigningKey
 from rlckpt.testing.controller import InProcessRun, run_in_process
 from rlckpt.testing.dcp_ranks import quiet_dcp_warnings
-from rlckpt.testing.forge import forge_step
+from rlckpt.testing.forge import commit_json, forge_step, put_commit_json
 
 quiet_dcp_warnings()
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -67,6 +70,14 @@ def test_a_resume_with_the_verify_key_skips_an_unsigned_newer_bundle_loudly_and_
     assert store.open(6).commit.signature.key_id == KEY.key_id
 
 
+def test_a_resume_with_the_verify_key_skips_an_unsigned_bundle_declaring_a_newer_format(run):
+    put_commit_json(run, 6, {**commit_json(run, 6), "format": COMMIT_FORMAT + 1})  # no rlckpt can check it here
+    resumed = asyncio.run(run_in_process(config(run.url, 6)))
+    assert resumed.restored is not None and resumed.restored.step == 4
+    (skipped,) = resumed.restored.skipped
+    assert skipped.step == 6 and f"bad signature: not checked (COMMIT format {COMMIT_FORMAT + 1}" in skipped.reason
+
+
 def test_a_pinned_resume_of_an_unsigned_bundle_is_refused(run):
     with pytest.raises(CheckpointError, match="cannot resume step 6 .*: it does not verify .*unsigned"):
         asyncio.run(run_in_process(config(run.url, 8, resume_step=6)))
@@ -87,3 +98,55 @@ def test_the_private_key_is_in_no_file_of_the_run_and_in_no_log_line(tmp_path, c
     logged = "\n".join(f"{r.getMessage()} {r.args!r}" for r in caplog.records).encode()
     assert logged and not any(secret in logged for secret in secrets)
     assert Path(run_dir / "_run.json").exists()
+
+
+# --- one key, two runs: the resume pins its run -------------------------------------------------------------
+
+
+class SpyTrainer:
+    """Where a restore told the trainer ranks to load the policy from (nothing is loaded)."""
+
+    def __init__(self) -> None:
+        self.loaded: list[PolicyLocation] = []
+
+    async def load_policy(self, location: PolicyLocation) -> None:
+        self.loaded.append(location)
+
+
+@pytest.fixture(scope="module")
+def other_run(tmp_path_factory) -> str:
+    """Run Y, signed with the same key as `signed_run` (run X): its one bundle, step 2."""
+    run_dir = str(tmp_path_factory.mktemp("other") / "run")
+    asyncio.run(run_in_process(config(run_dir, 2)))
+    return run_dir
+
+
+@pytest.fixture
+def attacked(signed_run, other_run, tmp_path) -> tuple[str, str, str]:
+    """Run Y with X's step 4 and X's _run.json copied in (issue 24): (Y's dir, Y's id, X's id)."""
+    y_dir = tmp_path / "y"
+    shutil.copytree(other_run, y_dir)
+    y_id = BundleStore(str(y_dir)).run_record().run_id
+    x_id = BundleStore(signed_run).run_record().run_id
+    shutil.copytree(Path(signed_run) / "step_4", y_dir / "step_4")
+    shutil.copy(Path(signed_run) / "_run.json", y_dir / "_run.json")
+    return str(y_dir), y_id, x_id
+
+
+def test_a_restore_pinned_to_its_run_skips_another_runs_bundle_signed_by_the_same_key(attacked):
+    y_dir, y_id, x_id = attacked
+    trainer = SpyTrainer()
+    store = BundleStore(y_dir, verify_key=KEY.public, run_id=y_id)
+    restored = asyncio.run(
+        restore_run(store, trainer=trainer, bootstrap=InMemoryDataPlane(InMemoryStore()), phase=RestorePhase())
+    )
+    assert restored is not None and restored.step == 2  # Y's own, not X's step 4
+    (skipped,) = restored.skipped
+    assert skipped.step == 4 and f"signed for another run ({x_id}); this run is {y_id}" in skipped.reason
+    assert [(location.step, location.run_id) for location in trainer.loaded] == [(2, y_id)]  # the ranks pin it too
+
+
+def test_a_run_pinned_to_its_id_refuses_to_start_on_a_run_record_of_another_run(attacked):
+    y_dir, y_id, x_id = attacked
+    with pytest.raises(RunIdentityError, match=f"_run.json names run {x_id}, not the pinned run {y_id}"):
+        asyncio.run(run_in_process(config(y_dir, 4, run_id=y_id)))

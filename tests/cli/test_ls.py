@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import rlckpt
 from rlckpt.testing.store_checks import rewrite_as_format_1, rewrite_manifest
 
@@ -75,3 +77,38 @@ def test_ls_of_an_empty_run_says_so_and_succeeds(run, cli):
     result = cli("ls", run.url, *run.options_args())
     assert result.code == 0
     assert "no bundles" in result.out
+
+
+def _manifest_with(run, step: int, key: str, value: bytes) -> None:
+    """Rewrite `step`'s manifest (and its COMMIT to name it) with `value`, raw JSON, under `key` of its
+    metadata: what whoever writes the run can commit."""
+    fs, path = run.raw_path(f"step_{step}", "manifest.json")
+    original = fs.cat_file(path)
+    placeholder = json.dumps({"placeholder": 0}, separators=(",", ":")).encode()
+    manifest = json.loads(original)
+    manifest["metadata"] = {key: {"placeholder": 0}}
+    text = json.dumps(manifest, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    rewrite_manifest(run.store(), step, text.replace(placeholder, value, 1))
+
+
+def test_ls_shows_a_manifest_nested_800_deep_as_corrupt_in_one_row(run, cli):
+    run.commit(1)
+    run.commit(2)
+    _manifest_with(run, 2, "rlckpt_run_format", b'{"a":' * 800 + b"1" + b"}" * 800)
+    result = cli("ls", run.url, *run.options_args())
+    assert result.code == 0, result.err
+    header, first, second = result.out.splitlines()
+    assert second.split()[:2] == ["2", "corrupt"]
+    assert "manifest.json: manifest is nested deeper than 64 levels" in second and "Recursion" not in result.out
+
+
+def test_ls_quotes_a_ten_million_character_manifest_key_short(run, cli):
+    run.commit(1)
+    fs, path = run.raw_path("step_1", "manifest.json")
+    manifest = json.loads(fs.cat_file(path))
+    key = "k" * 10_000_000
+    rewrite_manifest(run.store(), 1, json.dumps({**manifest, key: 1}, sort_keys=True, separators=(",", ":")).encode())
+    result = cli("ls", run.url, *run.options_args())
+    header, row = result.out.splitlines()
+    assert row.split()[:2] == ["1", "corrupt"]
+    assert f"manifest: [{'k' * 80!r}… (10000000 characters)]: unknown field" in row and len(row) < 500

@@ -12,7 +12,7 @@ import stat
 import pytest
 
 from rlckpt.store import BundleStore, SigningKey, write_key_pair
-from rlckpt.testing.forge import carry_signature, forge_step
+from rlckpt.testing.forge import carry_signature, copy_bundle, forge_step, rewrite_run_record
 
 
 @pytest.fixture
@@ -77,6 +77,13 @@ def test_train_refuses_a_signing_key_file_others_may_read_before_anything_starts
     result = cli("train", "--run-dir", str(tmp_path / "run"), "--steps", "2", "--signing-key", keys.signing_key)
     assert result.code == 64
     assert "is open to others (mode 0644)" in one_line(result.err)
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_given_the_public_key_as_its_signing_key_says_it_is_the_public_key(cli, keys, tmp_path):
+    result = cli("train", "--run-dir", str(tmp_path / "run"), "--steps", "2", "--signing-key", keys.verify_key)
+    assert result.code == 64
+    assert f"signing key {keys.verify_key} is a public key: signing needs the private key" in one_line(result.err)
     assert not (tmp_path / "run").exists()
 
 
@@ -180,3 +187,76 @@ def test_no_json_output_carries_key_material(cli, signed_run, keys):
         result = cli(command, signed_run.url, "--verify-key", keys.verify_key, "--json", *signed_run.options_args())
         assert body not in result.out and body not in result.err
     assert json.loads(cli("keygen", "--out", str(os.path.dirname(keys.signing_key)) + "2", "--json").out)
+
+
+# --- --run-id: the run a key shared by several runs is read for ---------------------------------------------
+
+
+@pytest.fixture
+def attacked_run(signed_run, keys) -> tuple[str, str]:
+    """The signed run (Y: step 2) with step 4 of run X, signed with the same key, and X's _run.json copied
+    in (issue 24). Returns (Y's id, X's id)."""
+    y = signed_run.store()
+    y_id = y.run_record().run_id
+    x = BundleStore(signed_run.url + "-x", signed_run.storage_options, signing_key=keys.signing_key)
+    with x.begin(4) as txn:
+        txn.write_bytes("policy/weights.bin", b"x" * 3000)
+        txn.commit({"step": 4})
+    copy_bundle(x, 4, y)
+    rewrite_run_record(y, x.run_record().run_id)
+    return y_id, x.run_record().run_id
+
+
+def test_verify_with_the_run_pinned_refuses_another_runs_bundle_and_passes_its_own(cli, signed_run, keys, attacked_run):
+    y_id, x_id = attacked_run
+    args = ("verify", signed_run.url, "--all", "--verify-key", keys.verify_key, "--run-id", y_id)
+    result = cli(*args, "--json", *signed_run.options_args())
+    assert result.code == 1
+    verdicts = {r["step"]: (r["status"], r["run"]) for r in result.json()["results"]}
+    assert verdicts == {2: ("valid", y_id), 4: ("bad_signature", None)}
+    assert f"_run.json names run {x_id}, not the pinned run {y_id}" in result.err
+    lines = cli(*args, *signed_run.options_args()).err.splitlines()
+    assert f"BAD SIGNATURE: step 4 at {signed_run.url}: bad signature: signed for another run ({x_id})" in lines[-1]
+
+
+def test_ls_takes_the_pinned_run_from_the_environment(cli, signed_run, keys, attacked_run, monkeypatch):
+    y_id, _x_id = attacked_run
+    monkeypatch.setenv("RLCKPT_RUN_ID", y_id)
+    records = cli("ls", signed_run.url, "--verify-key", keys.verify_key, "--json", *signed_run.options_args()).json()
+    assert [(r["step"], r["state"], r["signature"]) for r in records] == [
+        (2, "committed", "signed"),
+        (4, "corrupt", "bad"),
+    ]
+
+
+def test_train_pinned_to_its_run_refuses_a_run_record_of_another_run_before_anything_starts(
+    cli, signed_run, keys, attacked_run
+):
+    y_id, x_id = attacked_run
+    args = ("--run-dir", signed_run.url, "--steps", "6", "--signing-key", keys.signing_key, "--run-id", y_id)
+    result = cli("train", *args, *signed_run.options_args())
+    assert result.code == 3
+    assert f"names run {x_id}, not the pinned run {y_id}" in one_line(result.err)
+
+
+@pytest.mark.parametrize(
+    ("how", "why"),
+    [
+        ("flag", "argument --run-id: 'RUN1' is not a run id"),
+        ("environment", "$RLCKPT_RUN_ID 'RUN1' is not a run id"),
+        ("no verify key", "goes with a verify key"),
+    ],
+)
+def test_a_pin_that_is_not_a_run_id_or_has_no_verify_key_exits_64_in_one_line(
+    cli, signed_run, keys, monkeypatch, how, why
+):
+    args = ["ls", signed_run.url, *signed_run.options_args()]
+    if how == "flag":
+        args += ["--verify-key", keys.verify_key, "--run-id", "RUN1"]
+    elif how == "environment":
+        monkeypatch.setenv("RLCKPT_RUN_ID", "RUN1")
+        args += ["--verify-key", keys.verify_key]
+    else:
+        args += ["--run-id", "a" * 32]
+    result = cli(*args)
+    assert result.code == 64 and why in one_line(result.err)

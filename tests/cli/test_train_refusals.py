@@ -235,3 +235,29 @@ def test_fresh_is_refused_when_the_remote_tier_holds_bundles(cli, tmp_path, no_c
     result = _train(cli, tmp_path, "--fresh", "--replicate-to", str(remote))
     assert result.code == 3
     assert f"--fresh but {remote} already holds committed bundles" in _one_line(result)
+
+
+def _train_two_tiers(cli, tmp_path, remote):
+    """rlckpt train with the run dir `<tmp>/local` and `remote` (a Run) as its remote tier."""
+    options = ["--replicate-storage-options", json.dumps(remote.storage_options)] if remote.storage_options else []
+    local = str(tmp_path / "local")
+    return cli("train", "--run-dir", local, "--steps", "2", "--replicate-to", remote.url, *options)
+
+
+def test_a_remote_tier_of_another_run_is_refused_before_ray_starts(cli, tmp_path, run, no_cluster):
+    BundleStore(str(tmp_path / "local")).ensure_run_record()  # this run, on the local tier
+    run.commit(100)  # the remote tier: another run's
+    result = _train_two_tiers(cli, tmp_path, run)
+    assert result.code == 3
+    assert "the tiers of one run must be one run" in _one_line(result)
+
+
+def test_a_remote_tier_whose_bundles_name_another_run_is_refused_before_ray_starts(cli, tmp_path, run, no_cluster):
+    BundleStore(str(tmp_path / "local")).ensure_run_record()
+    run.commit(100)
+    fs, record = run.raw_path("_run.json")
+    fs.rm_file(record)  # its record is gone; its COMMITs still name the run they were saved in
+    result = _train_two_tiers(cli, tmp_path, run)
+    assert result.code == 3
+    assert "the COMMIT of its step 100 names it" in _one_line(result)
+    assert not fs.exists(record)  # nothing written into the other run

@@ -6,13 +6,14 @@ bundle. Every stop point is forced with a hold at the exact call, never a sleep.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from rlckpt.controller.config import TrainConfig
-from rlckpt.controller.stopping import StopRequest
+from rlckpt.controller.stopping import StopOutcome, StopRequest
 from rlckpt.controller.trainer_group import LocalTrainerGroup
 from rlckpt.errors import FinalSaveAbortedError
 from rlckpt.grpo import GRPOConfig
@@ -23,6 +24,7 @@ from rlckpt.testing.store_checks import debris
 
 SMALL = GRPOConfig(group_size=4, prompts_per_step=4)
 LONG_GRACE = StopRequest("preempted", grace_s=600.0)  # never what ends a test: every stop here has its hold
+SILENT_AT_MOST_S = 60.0  # a silent store answers after this anyway: a run that waits for it fails, not hangs
 
 
 class Hold:
@@ -268,9 +270,9 @@ def test_the_grace_period_ending_while_the_final_commit_runs_counts_the_step_sav
             assert run.loop is not None
             run.loop.request_stop(LONG_GRACE)
             await asyncio.to_thread(committing.wait_reached)
-            assert run.loop._grace is not None  # the run's own timer, ended here instead of waited for
-            run.loop._grace.reschedule(asyncio.get_running_loop().time())
-            while task.cancelling() == 0:  # the timer has cancelled the run: the COMMIT call is still held
+            run.loop._end_grace_at(asyncio.get_running_loop().time())  # the grace ends here instead of waited for
+            [body] = [t for t in asyncio.all_tasks() if t.get_name() == "run-body"]
+            while body.cancelling() == 0:  # the grace has cancelled the run: the COMMIT call is still held
                 await asyncio.sleep(0)
             committing.release()
             return await task
@@ -280,6 +282,66 @@ def test_the_grace_period_ending_while_the_final_commit_runs_counts_the_step_sav
     assert (run.summary.stop_reason, run.summary.last_committed_step) == ("preempted", 3)
     store = BundleStore(run_dir)
     assert store.steps() == [2, 3] and debris(store) == []
+
+
+class SilentStore:
+    """``BundleStore.begin`` of the next save does not answer until ``answer()`` (a store that accepts the
+    request and says nothing); ``answered`` is set once the call has returned."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.called, self.answered, self._back = threading.Event(), threading.Event(), threading.Event()
+        real = BundleStore.begin
+
+        def silent_begin(store: BundleStore, *args: Any, **kwargs: Any) -> Any:
+            self.called.set()
+            self._back.wait(SILENT_AT_MOST_S)
+            try:
+                return real(store, *args, **kwargs)
+            finally:
+                self.answered.set()
+
+        self._install = lambda: monkeypatch.setattr(BundleStore, "begin", silent_begin)
+
+    def from_now(self) -> None:
+        self._install()
+
+    def answer(self) -> None:
+        self._back.set()
+
+
+def test_a_final_save_whose_store_does_not_answer_is_abandoned_when_the_grace_ends(tmp_path, monkeypatch):
+    """The final save's first storage call never returns while the store is silent. When the grace period
+    ends, the run does not wait for the store: it raises FinalSaveAbortedError while that call is still
+    unanswered (the store answers only after). Once it does, the abandoned save aborts: nothing is left."""
+    run_dir = str(tmp_path / "run")
+    generating, silent = Hold(3), SilentStore(monkeypatch)
+    saved_2 = asyncio.Event()
+
+    def on_event(event: dict) -> None:
+        if event.get("saved") == 2:
+            saved_2.set()
+
+    async def main() -> None:
+        run = InProcessRun()
+        config = _config(run_dir, 8, stop_abort_s=0.2)
+        task = asyncio.create_task(run_in_process(config, run=run, before_generate=generating, on_event=on_event))
+        await generating.reached.wait()
+        await saved_2.wait()
+        silent.from_now()
+        assert run.loop is not None
+        run.loop.request_stop(LONG_GRACE)
+        await asyncio.to_thread(silent.called.wait)
+        run.loop._end_grace_at(asyncio.get_running_loop().time())
+        with pytest.raises(FinalSaveAbortedError, match=r"step 3 was not saved.*abandoned.*newest bundle is step 2"):
+            await task
+        assert not silent.answered.is_set()  # the run ended while the store was still silent
+        silent.answer()
+        while leftovers := [t for t in asyncio.all_tasks() if t.get_name() == "run-body"]:
+            await asyncio.wait(leftovers)  # the abandoned save ends once the store answers: it aborts
+
+    asyncio.run(main())
+    store = BundleStore(run_dir)
+    assert store.steps() == [2] and debris(store) == []
 
 
 def test_a_cancel_during_the_final_save_aborts_it_and_keeps_the_previous_bundle(store_location):
@@ -307,9 +369,47 @@ def test_a_cancel_during_the_final_save_aborts_it_and_keeps_the_previous_bundle(
     assert store.steps() == [2] and debris(store) == []
 
 
+def test_a_cancel_once_the_final_save_committed_leaves_the_step_reached_as_the_resume_point(tmp_path):
+    """What a second SIGTERM does in the stop's "committed" phase: the final save of step 3 has committed
+    and its retention is held; the driver cancels the run. Nothing is lost: the step reached is the
+    newest committed step (StopOutcome.lost_nothing: the driver exits 0)."""
+    run_dir = str(tmp_path / "run")
+    generating = Hold(3)
+    saved_2, committed = asyncio.Event(), asyncio.Event()
+
+    def on_event(event: dict) -> None:
+        if event.get("saved") == 2:
+            saved_2.set()
+        if event.get("event") == "stop_committed":
+            committed.set()
+
+    async def main() -> InProcessRun:
+        run = InProcessRun()
+        config = _config(run_dir, 8, keep_last=1)
+        task = asyncio.create_task(run_in_process(config, run=run, before_generate=generating, on_event=on_event))
+        await generating.reached.wait()
+        await saved_2.wait()  # and its retention: the next one is the final save's
+        with PauseAt(BundleStore, "gc") as retaining:
+            assert run.loop is not None
+            run.loop.request_stop(LONG_GRACE)
+            await asyncio.wait_for(committed.wait(), 60)  # a run that never says so fails, not hangs
+            await asyncio.to_thread(retaining.wait_reached)
+            task.cancel()
+            retaining.release()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        return run
+
+    run = asyncio.run(main())
+    assert run.loop is not None
+    outcome = StopOutcome(step=run.loop.state.step, last_committed_step=run.loop.committed_step)
+    assert outcome == StopOutcome(step=3, last_committed_step=3) and outcome.lost_nothing
+    assert 3 in BundleStore(run_dir).steps()
+
+
 def _leftover_tasks() -> list[str]:
     """Tasks of the run still alive (checked before asyncio.run's shutdown would cancel them)."""
-    names = ("save-", "train-pump", "rollout-pump", "deadline-watch")
+    names = ("save-", "train-pump", "rollout-pump", "deadline-watch", "run-body")
     return [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith(names)]
 
 

@@ -1,7 +1,8 @@
 """A two-tier run in-process (no Ray, in-memory data plane, replication in a thread): saves commit to the
 local tier and are replicated to the remote tier (local disk or S3: `store_location`); resume takes the
 newest bundle that verifies on either tier, the local one on a tie, and says which and why; local
-retention never deletes a bundle the remote tier does not hold yet."""
+retention never deletes a bundle the remote tier does not hold as that bundle of this run, and no save or
+retention waits on the remote tier."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from rlckpt.grpo import GRPOConfig
 from rlckpt.store import BundleStore
 from rlckpt.testing.controller import InProcessRun, run_in_process
 from rlckpt.testing.outage import ONE_QUICK_ATTEMPT, Outage
-from rlckpt.testing.store_checks import corrupt_file
+from rlckpt.testing.store_checks import corrupt_file, save_sample
 
 SMALL = GRPOConfig(group_size=4, prompts_per_step=4)
 POLICY_SHARD = "policy/__0_0.distcp"  # the one rank's shard file (DCP's name)
@@ -202,3 +203,63 @@ def test_an_s3_server_stopped_then_restarted_fails_the_replication_meanwhile_and
     assert remote.steps() == [2, 6]  # nothing of 4 committed there
     remote.open(6).verify()
     assert BundleStore(local).steps() == [4, 6]  # 4 never reached the remote tier: kept locally
+
+
+def test_a_run_whose_remote_tier_another_run_took_deletes_none_of_its_own_bundles(store_location, tmp_path):
+    local, remote = str(tmp_path / "local"), BundleStore(*store_location)
+    events: list[dict] = []
+
+    async def another_run_gets_there_first(step: int) -> None:  # two runs started on one empty remote URL
+        if step == 2:
+            for theirs in (2, 4, 6):  # the other run's bundles, of the very steps this run saves
+                save_sample(remote, theirs)
+
+    config = TrainConfig(
+        run_dir=local,
+        steps=6,
+        save_every=2,
+        grpo=SMALL,
+        keep_last=1,
+        replicate_to=store_location[0],
+        replicate_storage_options=store_location[1],
+    )
+    run = asyncio.run(run_in_process(config, on_event=events.append, before_commit=another_run_gets_there_first))
+    assert run.summary is not None and run.summary.replicated == []
+    errors = [e["error"] for e in events if e.get("event") == "replication_failed"]
+    assert errors and all(e.startswith("RunIdentityError: ") and "\n" not in e for e in errors)
+    assert BundleStore(local).steps() == [2, 4, 6]  # on no other tier: local retention deletes none of them
+
+
+@pytest.mark.timeout(120)  # a run stalled by the silent remote (the bug this guards) fails here, not CI
+def test_a_silent_remote_tier_holds_neither_the_saves_nor_their_retention(tmp_path, s3_run_url, s3_storage_options):
+    local = str(tmp_path / "local")
+    run = InProcessRun()
+    with Outage(s3_storage_options["endpoint_url"]) as outage:
+        # a call to the silent remote gives up after 2 tries of 30 s (s3fs's), or when the test cuts it
+        hung = {"read_timeout": 30, "retries": {"total_max_attempts": 1}}
+        options = {**s3_storage_options, "endpoint_url": outage.endpoint, "config_kwargs": hung}
+
+        async def silent_from_step_2(step: int) -> None:
+            assert run.loop is not None and run.loop.replication is not None
+            if step == 2:
+                outage.stall()  # takes every request, answers none
+            if step == 8:  # saves 4 and 6 committed, and their retention ran, while the remote was silent
+                assert outage.wait_until_held()  # (a call of the replication worker did wait on it)
+                assert run.loop.replication.replicated == []
+                outage.cut()  # the remote goes away: its waiting calls fail, and the run can end
+                outage.answer()  # (the forwarder's threads let go of what they held)
+
+        config = TrainConfig(
+            run_dir=local,
+            steps=8,
+            save_every=2,
+            grpo=SMALL,
+            keep_last=1,
+            replicate_to=s3_run_url,
+            replicate_storage_options=options,
+        )
+        asyncio.run(run_in_process(config, run=run, before_commit=silent_from_step_2))
+    assert run.summary is not None and run.summary.step == 8
+    assert [save["step"] for save in run.summary.saves] == [2, 4, 6, 8]
+    assert run.summary.replicated == [] and run.summary.replication_failed
+    assert BundleStore(local).steps() == [2, 4, 6, 8]  # none is known to be replicated: none deleted

@@ -49,5 +49,5 @@ def test_a_reader_with_the_verify_key_refuses_an_unsigned_step(run):
 
 def test_a_verify_key_beside_a_store_that_has_its_own_is_refused_not_ignored(run):
     url, options, key = run
-    with pytest.raises(ShardedCheckpointError, match="verify_key goes with a run URL"):
+    with pytest.raises(ShardedCheckpointError, match="verify_key and run_id go with a run URL"):
         BundleStorageReader(BundleStore(url, options), step=1, verify_key=key.public)

@@ -1,12 +1,15 @@
 """`rlckpt train` stopped by SIGTERM or a deadline, end to end: real Ray, TransferQueue and trainer
 ranks. Each stop point is a gate (rlckpt.testing.gates) the run waits at until the test has sent its
 signal, so the point is exact, not a guess. The interleavings are tested in-process in
-tests/controller/test_loop_stop.py; these are the real thing, one run per point.
+tests/controller/test_loop_stop.py, the stop's state machine cell by cell in tests/cli/test_train_stop.py;
+these are the real thing, one run per point: start-up, a SIGKILL of the driver, a job-wide SIGTERM (what
+Slurm's scancel sends), a second SIGTERM, a silent S3 during the final save, a deadline.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -17,10 +20,12 @@ from typing import Any
 
 import pytest
 
+from rlckpt.dataplane.cluster_reaper import cluster_processes
 from rlckpt.store import BundleStore
 from rlckpt.testing.gates import Gate
+from rlckpt.testing.outage import Outage
 from rlckpt.testing.store_checks import debris
-from rlckpt.testing.train_cli import RUN_TIMEOUT_S, kill_run, run_train, train_command
+from rlckpt.testing.train_cli import RUN_TIMEOUT_S, job_processes, kill_run, run_train, train_command
 
 pytestmark = pytest.mark.slow
 ACKNOWLEDGED = "saving at the next safe point"  # the driver has handed the stop to the controller
@@ -39,10 +44,10 @@ class GatedProcess:
     def gate(self, name: str) -> Gate:
         return Gate(str(self.gates), name)
 
-    def wait_until(self, what: str, ready: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + RUN_TIMEOUT_S
+    def wait_until(self, what: str, ready: Callable[[], bool], *, while_running: bool = True) -> None:
+        deadline = time.monotonic() + RUN_TIMEOUT_S  # the bound for a hang, never what a passing test waits for
         while not ready():
-            if self.proc.poll() is not None:
+            if while_running and self.proc.poll() is not None:
                 pytest.fail(f"the run exited {self.proc.returncode} before {what}:\n{self.stderr()[-3000:]}")
             if time.monotonic() > deadline:
                 pytest.fail(f"no {what} within {RUN_TIMEOUT_S}s:\n{self.stderr()[-3000:]}")
@@ -109,10 +114,9 @@ class Straight:
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory) -> Straight:
-    started = time.monotonic()
-    summary = run_train(str(tmp_path_factory.mktemp("straight") / "run"), 8)
-    return Straight(summary, time.monotonic() - started)
+def straight(straight_run) -> Straight:
+    """The session's uninterrupted reference run (tests/e2e/conftest.py)."""
+    return Straight(straight_run, straight_run["seconds"])
 
 
 def test_sigterm_during_a_background_upload_on_s3_saves_the_step_reached_and_the_resume_is_bit_identical(
@@ -185,3 +189,106 @@ def test_a_deadline_a_few_steps_ahead_saves_once_and_stops_cleanly(straight, tmp
     assert "a save takes" in run.stderr()  # the estimate the stop was planned with
     assert f"rlckpt train: deadline: saved step {reached}, stopped" in run.stderr()
     assert debris(BundleStore(run_dir)) == []
+
+
+# --- start-up, and the private cluster on every exit path ---------------------------------------
+
+
+def test_a_sigterm_while_ray_starts_stops_the_start_up_with_nothing_to_save(tmp_path, start_gated, ray_dir):
+    """Held inside the private cluster's start, ray.init done (its own SIGTERM handler installed): the
+    SIGTERM waits until the start is over, then stops the run there. Nothing was trained: exit 0, and the
+    driver stopped every process of its cluster before it exited."""
+    run_dir = str(tmp_path / "run")
+    run = start_gated("ray-init", run_dir, 8)
+    run.wait_reached("ray-init")
+    run.sigterm()
+    run.gate("ray-init").open()
+    assert run.exit_code() == 0, run.stderr()[-3000:]
+
+    assert "rlckpt train: preempted: nothing to save yet, stopped" in run.stderr()
+    assert run.summary() == {
+        "stop_reason": "preempted",
+        "final_save_aborted": False,
+        "last_committed_step": None,
+        "bundles": [],
+        "run_dir": run_dir,
+    }
+    assert cluster_processes(ray_dir) == []
+
+
+def test_a_driver_killed_by_sigkill_leaves_no_process_of_its_ray_cluster(tmp_path, start_gated, ray_dir):
+    """Ray's agents rename themselves (``ray::DashboardAgent``) and outlived a SIGKILLed driver; its reaper
+    finds them by the cluster's mark in their environment and kills them."""
+    run = start_gated("setup", str(tmp_path / "run"), 8)
+    run.wait_reached("setup")
+    run.wait_until("a renamed process of the cluster", lambda: _renamed(cluster_processes(ray_dir)) != [])
+    run.proc.kill()  # the driver alone
+    run.proc.wait()
+    run.wait_until("no process of the cluster left", lambda: cluster_processes(ray_dir) == [], while_running=False)
+
+
+def _renamed(pids: list[int]) -> list[int]:
+    """The processes whose command line no longer names anything (``ray::...``)."""
+    named = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                if cmdline.read().startswith(b"ray::"):
+                    named.append(pid)
+        except OSError:
+            pass
+    return named
+
+
+# --- a job-wide SIGTERM, and a silent store ------------------------------------------------------
+
+
+def test_a_job_wide_sigterm_saves_the_step_reached_and_exits_0(tmp_path, start_gated, ray_dir):
+    """What Slurm's scancel does: SIGTERM to every process of the job — the driver, its reaper, Ray's GCS,
+    raylet and agents, TransferQueue, the trainer ranks, the controller actor — at once, mid-training
+    (batch 3 held: step 3 is the step reached). They leave it to the driver: step 3 is saved, exit 0."""
+    run_dir = str(tmp_path / "run")
+    run = start_gated("generate:3", run_dir, 8)
+    run.wait_reached("generate-3")
+    job = job_processes(run.proc.pid, ray_dir)
+    assert len(job) > 8, job  # the driver, its reaper, and Ray's processes and actors
+    for pid in job:
+        os.kill(pid, signal.SIGTERM)
+    assert run.exit_code() == 0, run.stderr()[-3000:]
+
+    summary = run.summary()
+    assert (summary["stop_reason"], summary["last_committed_step"], summary["bundles"]) == ("preempted", 3, [2, 3])
+    assert "rlckpt train: preempted: saved step 3, stopped" in run.stderr()
+    store = BundleStore(run_dir)
+    store.open(3).verify()  # what a resume reads first
+    assert debris(store) == []
+    assert cluster_processes(ray_dir) == []
+
+
+def test_a_final_save_on_a_silent_s3_is_abandoned_and_the_run_ends_while_s3_is_still_silent(
+    start_gated, s3_run_url, s3_storage_options
+):
+    """S3 takes every request and answers none from the SIGTERM on (step 2 committed, step 3 reached):
+    the final save's first request never returns. The run does not wait for it past its grace period
+    (--grace-seconds 5) and the abort's bound: it exits 143 with step 2 as the resume point while S3 is
+    still silent (S3 answers only once the process has ended). docs/benchmarks.md has the stop's times."""
+    with Outage(s3_storage_options["endpoint_url"]) as outage:
+        options = json.dumps({**s3_storage_options, "endpoint_url": outage.endpoint})
+        run = start_gated("generate:3", s3_run_url, 8, "--storage-options", options, "--grace-seconds", "5")
+        run.wait_reached("generate-3")
+        run.wait_until("save 2 committed", lambda: "saved step 2" in run.stderr())
+        outage.stall()
+        run.sigterm()
+        code = run.exit_code()
+        outage.answer()
+    assert code == 143, run.stderr()[-3000:]
+
+    assert run.summary() == {
+        "stop_reason": "preempted",
+        "final_save_aborted": True,
+        "last_committed_step": 2,
+        "bundles": None,  # not listed: S3 did not answer
+        "run_dir": s3_run_url,
+    }
+    assert "step 3 was not saved within the 5s grace period; its save was abandoned" in run.stderr()
+    assert BundleStore(s3_run_url, s3_storage_options).steps() == [2]

@@ -17,12 +17,12 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_signed_run_resumed_by_two_ranks_with_the_verify_key_skips_a_bundle_from_anyone_else_and_is_exact(
-    tmp_path, s3_run_url, s3_storage_options
+    straight_run, tmp_path, s3_run_url, s3_storage_options
 ):
     keys = write_key_pair(tmp_path / "keys")
     key_id = SigningKey.load(keys.signing_key).key_id
     options = ("--storage-options", json.dumps(s3_storage_options))
-    straight = run_train(str(tmp_path / "straight"), 8)  # unsigned, local: the reference, and the intruder's source
+    straight = straight_run  # unsigned, local: the reference, and the intruder's source
 
     first = run_train(s3_run_url, 4, *options, "--signing-key", keys.signing_key)
     assert first["bundles"] == [2, 4] and first["signing_key_id"] == key_id

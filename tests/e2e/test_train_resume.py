@@ -16,18 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from rlckpt.store import BundleStore
+from rlckpt.store import BundleStore, copy_bundle
 from rlckpt.testing.store_checks import corrupt_file
-from rlckpt.testing.train_cli import RUN_TIMEOUT_S, kill_run, run_train, train_command
+from rlckpt.testing.train_cli import RUN_TIMEOUT_S, copy_run_dir, kill_run, run_train, train_command
 
 pytestmark = pytest.mark.slow
 POLICY_SHARD = "policy/__1_0.distcp"  # rank 1's shard file in a bundle of two trainer ranks (the default)
-
-
-@pytest.fixture(scope="module")
-def straight_run(tmp_path_factory) -> dict:
-    """0 → 8 uninterrupted, in_order, on local disk: the reference for exact resume."""
-    return run_train(str(tmp_path_factory.mktemp("straight") / "run"), 8)
 
 
 def test_in_order_resume_from_local_disk_on_a_fresh_cluster_is_exact(straight_run, tmp_path):
@@ -47,18 +41,21 @@ def test_in_order_resume_from_local_disk_on_a_fresh_cluster_is_exact(straight_ru
 def test_in_order_resume_from_s3_with_an_empty_staging_dir_is_exact(
     straight_run, tmp_path, s3_run_url, s3_storage_options
 ):
+    """Bundle 4 of the uninterrupted run copied to S3 (the same bundle, `rlckpt copy`'s way) is all a fresh
+    machine with an empty staging dir gets: resumed from S3 it ends where the uninterrupted run ended.
+    (Runs that save to S3 themselves: test_preemption.py, test_signed_train.py, test_two_tiers.py.)"""
     options = json.dumps(s3_storage_options)
-    run_train(s3_run_url, 4, "--storage-options", options)
+    copy_bundle(BundleStore(straight_run["run_dir"]), 4, BundleStore(s3_run_url, s3_storage_options))
     staging = tmp_path / "fresh-machine-staging"
     staging.mkdir()
     second = run_train(s3_run_url, 8, "--storage-options", options, "--staging-dir", str(staging))
     assert second["resumed_from"] == 4
     assert second["policy_sha256"] == straight_run["policy_sha256"]
-    assert BundleStore(s3_run_url, s3_storage_options).steps() == [2, 4, 6, 8]
+    assert BundleStore(s3_run_url, s3_storage_options).steps() == [4, 6, 8]
 
 
 def test_a_corrupt_newest_bundle_is_skipped_loudly_and_the_run_still_ends_exact(straight_run, tmp_path):
-    run_dir = straight_run["run_dir"]  # bundles 2, 4, 6, 8
+    run_dir = copy_run_dir(straight_run, tmp_path)  # bundles 2, 4, 6, 8
     corrupt_file(BundleStore(run_dir), 8, POLICY_SHARD, "flip")
     pinned = subprocess.run(
         [sys.executable, "-m", "rlckpt.cli.main", "train", "--run-dir", run_dir, "--steps", "8", "--resume-step", "8"],

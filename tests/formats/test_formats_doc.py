@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlckpt.checkpoint import layout
+from rlckpt.checkpointer import record as checkpointer_record
 from rlckpt.controller import loop_state
 from rlckpt.dataplane import snapshot_records
 from rlckpt.replay import records as replay_records
@@ -30,6 +31,7 @@ def test_every_format_constant_is_named_for_its_record_and_is_the_number_it_decl
         "ROWS_FORMAT": snapshot_records.ROWS_FORMAT,
         "REPLAY_INDEX_FORMAT": replay_records.REPLAY_INDEX_FORMAT,
         "LOADER_STATE_FORMAT": loop_state.LOADER_STATE_FORMAT,
+        "CHECKPOINTER_BUNDLE_FORMAT": checkpointer_record.CHECKPOINTER_BUNDLE_FORMAT,
     }
     declared = {s.formats[-1].constant: s.formats[-1].format for s in SECTIONS if s.formats[-1].version_key}
     assert declared == constants

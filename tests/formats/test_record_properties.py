@@ -8,6 +8,7 @@ tests/fixtures); hypothesis picks where to break them and with what."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import struct
 import tempfile
@@ -28,11 +29,13 @@ from rlckpt.dataplane.snapshot_metadata import read_snapshot_metadata
 from rlckpt.dataplane.snapshot_records import ROWS_HEADER, ROWS_MARKER, ROWS_SECTION, SNAPSHOT_METADATA
 from rlckpt.errors import CorruptBundleError, DataPlaneError, LoaderStateError, MalformedRecordError, ReplayStateError
 from rlckpt.formats import Record
+from rlckpt.formats.json_text import MAX_JSON_DEPTH, QUOTED_CHARS, json_depth
 from rlckpt.grpo import DigitSumTask, PromptLoader
 from rlckpt.replay import DataPlaneCheckpointBarrier, ReplayBuffer
 from rlckpt.replay.index_formats import check_index
 from rlckpt.store import COMMIT_FORMAT, MANIFEST_FORMAT, BundleStore, CommitMarker, Intent, Manifest, SigningKey
 from rlckpt.store.manifest import canonical_json
+from rlckpt.store.run_record import RunRecord
 from rlckpt.testing.format_docs import SECTIONS
 from rlckpt.testing.records import JSON_VALUES, Mutation, mutations, plain_and_foreign_values, valid_values
 from rlckpt.testing.store_checks import raw_path, save_sample
@@ -247,3 +250,124 @@ def test_a_broken_manifest_or_commit_is_refused_as_a_corrupt_bundle_naming_the_f
     mutation = data.draw(st.sampled_from(mutations(record, value, STORE_VALUES)))
     broken = canonical_json(mutation.of(value))
     refused_naming(CorruptBundleError, record, mutation, lambda: STORE_READERS[name](broken))
+
+
+# --- what whoever writes a run can put in any record: nesting and length ----------------------------------
+
+PLACEHOLDER = "\u2603 the value goes here"
+DEEPER = st.integers(min_value=MAX_JSON_DEPTH, max_value=3_000)  # under a key of the record: one level more
+LONG = st.integers(min_value=QUOTED_CHARS + 1, max_value=200_000)
+
+
+def nested(depth: int, kind: str) -> bytes:
+    """A canonical JSON value `depth` levels deep, of arrays or of objects."""
+    if kind == "array":
+        return b"[" * depth + b"]" * depth
+    return b'{"a":' * (depth - 1) + b"{}" + b"}" * (depth - 1)
+
+
+def with_raw(record: dict, path: tuple[str, ...], raw: bytes) -> bytes:
+    """`record`'s canonical bytes with the value at key `path` (made if missing) replaced by raw JSON."""
+    value = copy.deepcopy(record)
+    inner = value
+    for key in path[:-1]:
+        inner = inner[key]
+    inner[path[-1]] = PLACEHOLDER
+    return canonical_json(value).replace(canonical_json(PLACEHOLDER), raw, 1)
+
+
+@pytest.fixture(scope="module")
+def text_records(store_records) -> dict[str, tuple[dict, object, type[Exception]]]:
+    """Every JSON record of a run the store reads: a valid one, its reader (bytes in) and its error."""
+    return {
+        "manifest": (store_records[("manifest", MANIFEST_FORMAT)], Manifest.from_bytes, CorruptBundleError),
+        "COMMIT": (store_records[("COMMIT", COMMIT_FORMAT)], CommitMarker.from_bytes, CorruptBundleError),
+        "intent": (json.loads(Intent.new(3, "t1").to_bytes()), Intent.from_bytes, MalformedRecordError),
+        "run record": (json.loads(RunRecord.new().to_bytes()), RunRecord.from_bytes, MalformedRecordError),
+    }
+
+
+def one_line(exc: pytest.ExceptionInfo) -> str:
+    message = str(exc.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize("name", ["manifest", "COMMIT", "intent", "run record"])
+@PROPERTY
+@given(data=st.data(), depth=DEEPER, kind=st.sampled_from(["array", "object"]))
+def test_a_record_nested_deeper_than_the_bound_anywhere_is_refused_in_one_line(text_records, name, data, depth, kind):
+    record, read, error = text_records[name]
+    path = data.draw(st.sampled_from([(key,) for key in sorted(record)] + [("unknown",)]), label="where")
+    with pytest.raises(error) as refused:
+        read(with_raw(record, path, nested(depth, kind)))
+    assert f"{name} is nested deeper than {MAX_JSON_DEPTH} levels" in one_line(refused)
+
+
+def test_a_manifest_nested_exactly_as_deep_as_the_bound_reads(store_records):
+    manifest = store_records[("manifest", MANIFEST_FORMAT)]
+    at_the_bound = with_raw(manifest, ("metadata", "deep"), nested(MAX_JSON_DEPTH - 2, "array"))
+    assert json_depth(at_the_bound) == MAX_JSON_DEPTH
+    assert Manifest.from_bytes(at_the_bound).metadata["deep"] is not None
+    with pytest.raises(CorruptBundleError, match="nested deeper"):
+        Manifest.from_bytes(with_raw(manifest, ("metadata", "deep"), nested(MAX_JSON_DEPTH - 1, "array")))
+
+
+@PROPERTY
+@given(depth=DEEPER, kind=st.sampled_from(["array", "object"]))
+def test_data_plane_metadata_and_a_rows_header_nested_deeper_than_the_bound_are_refused(saved, depth, kind):
+    document = saved["snapshot"]
+    local = _snapshot_dir({})
+    (local / "metadata.json").write_bytes(with_raw(document, ("user_metadata", "deep"), nested(depth, kind)))
+    with pytest.raises(DataPlaneError, match=f"nested deeper than {MAX_JSON_DEPTH} levels"):
+        read_snapshot_metadata(local)
+    header = json.loads(ROWS_FILE[16 : 16 + struct.unpack_from("<Q", ROWS_FILE, 8)[0]])
+    head = with_raw(header, ("deep",), nested(depth, kind))
+    old_len = struct.unpack_from("<Q", ROWS_FILE, 8)[0]
+    broken = ROWS_FILE[:8] + struct.pack("<Q", len(head)) + head + ROWS_FILE[16 + old_len :]
+    with pytest.raises(DataPlaneError, match=f"nested deeper than {MAX_JSON_DEPTH} levels"):
+        decode_rows(broken, "rows-000000.bin")
+
+
+@pytest.mark.parametrize("name", ["manifest", "COMMIT", "intent", "run record"])
+@PROPERTY
+@given(data=st.data(), length=LONG, char=st.sampled_from(["k", "-", "é"]))
+def test_a_long_key_in_a_record_is_quoted_short_in_its_refusal(text_records, name, data, length, char):
+    record, read, error = text_records[name]
+    key = char * length
+    places = [canonical_json({**record, key: 1}), b'{"' + key.encode() + b'":1,"' + key.encode() + b'":1}']
+    if name == "manifest":
+        (rel, entry), *_ = record["files"].items()
+        places += [
+            canonical_json({**record, "files": {key + "\\": entry}}),  # a path no bundle may hold
+            canonical_json({**record, "files": {rel: {**entry, key: 1}}}),
+            canonical_json({**record, "files": {key: entry, key + "/x": entry}}),  # a file under a file
+        ]
+    broken = data.draw(st.sampled_from(places), label="where")
+    with pytest.raises(error) as refused:
+        read(broken)
+    message = one_line(refused)
+    assert "characters)" in message and len(message) < 3 * QUOTED_CHARS + 300, message[:400]
+
+
+JSON_TEXT = st.text(alphabet='"\\[]{}a/é\n', max_size=6)
+JSON_TREES = st.recursive(
+    st.none() | st.integers() | JSON_TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(JSON_TEXT, inner, max_size=3),
+    max_leaves=20,
+)
+
+
+def depth_of(value) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(depth_of, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(depth_of, value), default=0)
+    return 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=JSON_TREES, ascii_only=st.booleans())
+def test_json_depth_is_the_nesting_of_the_value_whatever_its_strings_hold(value, ascii_only):
+    text = json.dumps(value, ensure_ascii=ascii_only)
+    assert json_depth(text) == json_depth(text.encode()) == depth_of(value)

@@ -238,5 +238,5 @@ def test_manifest_in_another_json_layout_is_refused(store):
 
 def test_deeply_nested_metadata_is_refused_not_a_recursion_crash(store):
     rewrite_manifest(store, 2, b'{"metadata":' + b"[" * 100_000 + b"]" * 100_000 + b"}")
-    with pytest.raises(CorruptBundleError, match="manifest.json: manifest is nested too deeply"):
+    with pytest.raises(CorruptBundleError, match="manifest.json: manifest is nested deeper than 64 levels"):
         store.open(2)

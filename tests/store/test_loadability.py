@@ -153,6 +153,17 @@ def test_a_manifest_over_the_readers_cap_for_its_metadata_is_refused_at_commit(s
     assert_nothing_published(store)
 
 
+def test_metadata_nested_deeper_than_readers_take_is_refused_at_commit(store):
+    txn = store.begin(2)
+    txn.write_bytes("a.bin", b"a")
+    deep: dict = {}
+    for _ in range(800):
+        deep = {"a": deep}
+    with pytest.raises(UnreadableBundleError, match="manifest is nested deeper than 64 levels .*nothing committed"):
+        txn.commit({"notes": deep})
+    assert_nothing_published(store)
+
+
 def test_a_manifest_over_the_readers_cap_for_its_many_files_is_refused_at_commit(store):
     """64 participants of 1,000 files each, with long paths (only the receipts: the cap is checked first)."""
     txn = store.begin(2)

@@ -89,6 +89,16 @@ def test_steps_are_ascending_and_latest_is_newest(store):
     assert store.latest() == 30
 
 
+def test_marked_steps_name_every_step_with_a_commit_object_without_reading_it(store):
+    for step in (3, 1):
+        with store.begin(step) as txn:
+            txn.write_bytes("x.bin", b"x")
+            txn.commit({})
+    with store.begin(2) as txn:  # being written: no COMMIT yet
+        txn.write_bytes("x.bin", b"x")
+        assert store.marked_steps() == [1, 3]
+
+
 def test_open_of_missing_step_is_refused(store):
     save_sample(store, 1)
     with pytest.raises(UncommittedBundleError, match="step 4"):

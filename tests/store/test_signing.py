@@ -5,10 +5,14 @@ writes (`rlckpt.testing.forge`). Every test runs on local disk and on S3."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+
 import pytest
 
-from rlckpt.errors import BadSignatureError, UnsignedBundleError
-from rlckpt.store import BundleStore, Digest, SigningKey
+from rlckpt.errors import BadSignatureError, NewerFormatError, RunIdentityError, StoreConfigError, UnsignedBundleError
+from rlckpt.store import COMMIT_FORMAT, MANIFEST_FORMAT, BundleStore, Digest, SigningKey
+from rlckpt.store.manifest import canonical_json
 from rlckpt.store.signing import bundle_message
 from rlckpt.testing.forge import (
     carry_signature,
@@ -18,7 +22,7 @@ from rlckpt.testing.forge import (
     put_commit_json,
     rewrite_run_record,
 )
-from rlckpt.testing.store_checks import save_sample
+from rlckpt.testing.store_checks import raw_path, save_sample
 
 
 @pytest.fixture
@@ -168,3 +172,141 @@ def test_a_save_over_an_unsigned_bundle_with_replace_corrupt_quarantines_it(stor
         txn.commit({"step": 2})
     assert store.steps() == [2]
     assert store.open(2).commit.signature.key_id == key.key_id
+
+
+# --- a format this rlckpt does not read: the signature decides first ---------------------------------------
+
+
+def test_an_unsigned_commit_declaring_a_newer_format_is_a_bad_signature_and_skipped(signed, key):
+    forge_step(plain(signed), 2, 6, {})
+    newer = {**commit_json(signed, 6), "format": COMMIT_FORMAT + 1, "writer_version": "9.0.0"}
+    newer["signature"] = {"key_id": key.key_id}  # claims the verify key: what anyone can write
+    put_commit_json(signed, 6, newer)
+    store = verifying(signed, key)
+    with pytest.raises(
+        BadSignatureError,
+        match=rf"step 6 at .*: bad signature: not checked \(COMMIT format {COMMIT_FORMAT + 1} was written by a "
+        rf"newer rlckpt 9.0; .*\); the verify key {key.key_id} accepts only bundles whose signature",
+    ):
+        store.open(6)
+    assert store.steps() == [2] and store.latest() == 2
+    assert [(e.step, e.state, e.signature) for e in store.entries()] == [
+        (2, "committed", "signed"),
+        (6, "corrupt", "bad"),
+    ]
+    with pytest.raises(NewerFormatError):  # without a verify key: a newer rlckpt's bundle, as before
+        plain(signed).open(6)
+
+
+def test_a_newer_manifest_under_the_keys_valid_signature_is_a_newer_bundle(signed, key):
+    forge_step(plain(signed), 2, 6, {})
+    manifest = canonical_json({**raw_manifest(signed, 6), "format": MANIFEST_FORMAT + 1, "writer_version": "9.0.0"})
+    signed.fs.pipe_file(raw_path(signed, "step_6", "manifest.json"), manifest)
+    marker = commit_json(signed, 6)
+    digest = Digest.of(manifest)
+    value = key.sign(bundle_message(marker["run"], 6, digest))  # what a newer rlckpt holding the key signs
+    marker.update(manifest_algorithm=digest.algorithm, manifest_digest=digest.hex)
+    marker["signature"] = {"algorithm": "ed25519", "key_id": key.key_id, "value": value.hex()}
+    put_commit_json(signed, 6, marker)
+    store = verifying(signed, key)
+    with pytest.raises(NewerFormatError, match=f"manifest format {MANIFEST_FORMAT + 1} was written by a newer"):
+        store.open(6)
+    assert store.latest() == 6  # signed by the key: nothing older is taken for the newest
+
+
+def raw_manifest(store: BundleStore, step: int) -> dict:
+    return json.loads(store.fs.cat_file(raw_path(store, f"step_{step}", "manifest.json")))
+
+
+# --- a key shared by several runs: the run a reader pins ----------------------------------------------------
+
+
+@dataclass
+class SharedKey:
+    """Runs X and Y, both signed with the one key; Y's id, which Y's owner pins."""
+
+    x: BundleStore
+    y: BundleStore
+    y_id: str
+
+
+@pytest.fixture
+def shared(signed, key) -> SharedKey:
+    """Run X (`signed`: step 2) and run Y (steps 1 and 3) under one key, and the attack of issue 24: X's step
+    2 and X's _run.json copied into Y, so that Y's record names X."""
+    y = BundleStore(signed.url + "-y", signed.storage_options, signing_key=key)
+    save_sample(y, 1)
+    save_sample(y, 3)
+    y_id = y.run_record().run_id
+    copy_bundle(signed, 2, y)
+    rewrite_run_record(y, signed.run_record().run_id)
+    return SharedKey(signed, y, y_id)
+
+
+def pinned(store: BundleStore, key: SigningKey, run_id: str, **keys) -> BundleStore:
+    return BundleStore(store.url, store.storage_options, verify_key=key.public, run_id=run_id, **keys)
+
+
+def test_without_a_pin_a_shared_key_lets_a_writer_pass_another_runs_bundles_and_record_for_this_runs(shared, key):
+    store = verifying(shared.y, key)  # what docs/security.md says a shared key still allows
+    assert store.steps() == [2]
+    assert [(e.step, e.signature) for e in store.entries()] == [(1, "bad"), (2, "signed"), (3, "bad")]
+
+
+def test_a_pinned_reader_refuses_another_runs_bundle_and_still_reads_its_own(shared, key, caplog):
+    store = pinned(shared.y, key, shared.y_id)
+    with caplog.at_level("WARNING", logger="rlckpt"):
+        assert store.steps() == [1, 3] and store.latest() == 3
+    with pytest.raises(
+        BadSignatureError,
+        match=rf"step 2 at .*: bad signature: signed for another run \({shared.x.run_record().run_id}\); this run "
+        rf"is {shared.y_id} \(the run this reader pinned\)",
+    ):
+        store.open(2)
+    store.open(3).verify()
+    assert [(e.step, e.state, e.signature) for e in store.entries()] == [
+        (1, "committed", "signed"),
+        (2, "corrupt", "bad"),
+        (3, "committed", "signed"),
+    ]
+    assert f"_run.json names run {shared.x.run_record().run_id}, not the pinned run {shared.y_id}" in caplog.text
+
+
+def test_a_pinned_store_refuses_to_read_or_extend_a_run_record_of_another_run(shared, key):
+    store = pinned(shared.y, key, shared.y_id, signing_key=key)
+    with pytest.raises(RunIdentityError, match=f"names run .*, not the pinned run {shared.y_id}"):
+        store.run_record()
+    with pytest.raises(RunIdentityError, match=f"not the pinned run {shared.y_id}"):
+        store.begin(4)  # no bundle of the run is signed under a record that names another
+    assert store.read_intent(4) is None
+
+
+def test_a_pinned_reader_needs_no_run_record_and_a_pinned_writer_makes_it_with_the_pin(signed, key):
+    run_id = signed.run_record().run_id
+    rewrite_run_record(signed, None)
+    store = pinned(signed, key, run_id, signing_key=key)
+    assert store.steps() == [2]
+    save_sample(store, 3)
+    assert plain(signed).run_record().run_id == run_id and store.steps() == [2, 3]
+
+
+def test_a_new_run_pinned_by_its_writer_takes_the_pinned_id(store_location, key):
+    url, options = store_location
+    store = BundleStore(url, options, signing_key=key, verify_key=key.public, run_id="c" * 32)
+    save_sample(store, 1)
+    assert BundleStore(url, options).run_record().run_id == "c" * 32
+    assert store.open(1).commit.run == "c" * 32
+
+
+@pytest.mark.parametrize(
+    ("run_id", "verify", "why"),
+    [
+        ("C" * 32, True, "is not a run id"),
+        ("c" * 31, True, "is not a run id"),
+        ("c" * 32, False, "goes with a verify key"),
+    ],
+)
+def test_a_pin_that_is_not_a_run_id_or_comes_without_a_verify_key_is_refused(store_location, key, run_id, verify, why):
+    url, options = store_location
+    with pytest.raises(StoreConfigError, match=why):
+        BundleStore(url, options, verify_key=key.public if verify else None, run_id=run_id)

@@ -77,10 +77,12 @@ def test_a_private_key_given_as_the_verify_key_is_refused(pair):
     one_line_naming(exc, pair.signing_key)
 
 
-def test_a_public_key_given_as_the_signing_key_is_refused(pair):
-    os.chmod(pair.verify_key, 0o600)
-    with pytest.raises(KeyFileError, match="is not a PEM private key"):
+@pytest.mark.parametrize("public_mode", [0o644, 0o600], ids=["as keygen writes it", "owner only"])
+def test_a_public_key_given_as_the_signing_key_is_refused_as_the_public_key(pair, public_mode):
+    os.chmod(pair.verify_key, public_mode)
+    with pytest.raises(KeyFileError, match=r"signing key .* is a public key: signing needs the private key") as exc:
         SigningKey.load(pair.verify_key)
+    assert "open to others" not in one_line_naming(exc, pair.verify_key)
 
 
 @pytest.mark.parametrize(

@@ -46,3 +46,15 @@ def test_tiers_without_any_run_record_are_left_as_they_are(tiers):
     local, remote = tiers
     one_run([local, remote])
     assert local.run_record() is None and remote.run_record() is None
+
+
+def test_a_tier_whose_run_record_is_gone_is_the_run_its_newest_commit_names(tiers):
+    local, remote = tiers
+    save_sample(local, 2)
+    save_sample(remote, 4)  # another run's bundle
+    remote.fs.rm_file(f"{remote.root}/_run.json")  # its record is gone; its COMMIT still names its run
+    fresh = BundleStore(remote.url, remote.storage_options)
+    before = all_paths(fresh)
+    with pytest.raises(RunIdentityError, match="the COMMIT of its step 4 names it"):
+        one_run([local, fresh])
+    assert all_paths(fresh) == before  # the local run's record is not written into it

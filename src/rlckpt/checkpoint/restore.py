@@ -1,8 +1,8 @@
 """The restore procedure (driver side, once, before the controller actor exists): restore steps
 1–3 of docs/architecture.md.
 
-1. pick the newest committed bundle that verifies; the store checks marker → manifest digest → (with a
-   verify key) signature → listing.
+1. pick the newest committed bundle that verifies (checkpoint/choice.py, shared with rlckpt.checkpointer);
+   the store checks marker → manifest digest → (with a verify key) signature → listing.
    A newer bundle that fails any check of steps 1–2 is skipped, loudly (logged, and listed in
    ``RestoredRun.skipped``); ``resume_step`` pins one step instead and fails if it does not verify.
    A two-tier run (docs/tiers.md) looks at every tier: the newest bundle that verifies on any of them,
@@ -26,6 +26,7 @@ connect-only client and the replay buffer can only be built afterwards (step 4, 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rlckpt.checkpoint import codec, layout
+from rlckpt.checkpoint.choice import SkippedBundle, as_tiers, candidates, choose, list_tiers, openings
 from rlckpt.checkpoint.phase import RestorePhase
 from rlckpt.checkpoint.run_format import INDEX_1_COMMIT_FIELDS, POLICY_DCP, PolicyForm, RunBundle, read_run_bundle
 from rlckpt.checkpoint.staging import staging_dir
@@ -45,9 +47,7 @@ from rlckpt.errors import (
     CheckpointError,
     CorruptBundleError,
     DataPlaneError,
-    NewerFormatError,
     ReplayStateError,
-    UncommittedBundleError,
 )
 from rlckpt.formats import Record, read_format
 from rlckpt.replay import groups_digest
@@ -70,21 +70,13 @@ class PolicyLocation:
     prefix: str = layout.POLICY_DIR  # the DCP checkpoint's directory, or the file of a whole policy
     form: PolicyForm = POLICY_DCP  # "whole": one file of the trainer's unsharded state (run formats 1-2)
     verify_key: VerifyKey | None = None  # the driver's store's: the ranks refuse what it would refuse
+    run_id: str | None = None  # the driver's store's pinned run, if any
 
 
 class TrainerStateSink(Protocol):
     """The trainer side of a restore: loads the policy checkpoint of a verified bundle."""
 
     async def load_policy(self, location: PolicyLocation) -> None: ...
-
-
-@dataclass(frozen=True)
-class SkippedBundle:
-    """A committed bundle newer than the one resumed, passed over because it does not verify."""
-
-    step: int
-    reason: str
-    url: str = ""  # the tier it is on
 
 
 @dataclass
@@ -132,16 +124,6 @@ class _CheckedBundle:
     loader_state: Any  # the loader state as saved (checked when the caller named its formats)
 
 
-@dataclass(frozen=True)
-class _Candidate:
-    """A step-like entry of one tier that a restore may try: the tier's store, its rank (0: preferred on a
-    tie) and the entry."""
-
-    store: BundleStore
-    tier: int
-    entry: StoreEntry
-
-
 async def restore_run(
     stores: BundleStore | Sequence[BundleStore],
     *,
@@ -176,24 +158,32 @@ async def restore_run(
             and path — counts as not verifying: it is skipped, or refused with `resume_step`.)
     """
     started = time.perf_counter()
-    tiers = _tiers(stores)
-    listed = [await run_blocking(store.entries) for store in tiers]  # 1
-    candidates = _candidates(tiers, listed)
-    if resume_step is None and not candidates:
+    tiers = as_tiers(stores)
+    listed = await run_blocking(list_tiers, tiers)  # 1
+    if resume_step is None and not candidates(tiers, listed):
         phase.start_fresh()
         logger.info("no committed bundle at %s: starting fresh", " or ".join(s.url for s in tiers))
         return None
     with staging_dir(staging_root, prefix="rlckpt-restore-") as staging:
         reading = _Reading(expected_rollout_order, tuple(loader_formats))
-        chosen, checked, skipped = await _first_that_verifies(tiers, listed, candidates, staging, reading, resume_step)
-        store = chosen.store
-        why = _why(chosen, tiers, listed, resume_step)
-        logger.info("resuming step %d from %s: %s", chosen.entry.step, store.url, why)
+        check = functools.partial(_fetch_and_check, staging=staging, reading=reading)
+        chosen = await run_blocking(
+            choose, tiers, check, listed=listed, resume_step=resume_step, accept=check_run_bundle
+        )
+        assert chosen is not None, "a candidate was listed, or the step is pinned"
+        store, checked, skipped, why = chosen.store, chosen.checked, chosen.skipped, chosen.why
+        logger.info("resuming step %d from %s: %s", chosen.step, store.url, why)
         step, pieces, run = checked.bundle.step, checked.pieces, checked.run
         phase.begin_restore(step)
         try:
             location = PolicyLocation(
-                store.url, dict(store.storage_options), step, run.policy_path, run.policy_form, store.verify_key
+                store.url,
+                dict(store.storage_options),
+                step,
+                run.policy_path,
+                run.policy_form,
+                store.verify_key,
+                store.run_id,
             )
             await trainer.load_policy(location)  # 3
             loader_state = checked.loader_state
@@ -216,85 +206,12 @@ async def restore_run(
     )
 
 
-def _tiers(stores: BundleStore | Sequence[BundleStore]) -> list[BundleStore]:
-    tiers = [stores] if isinstance(stores, BundleStore) else list(stores)
-    if not tiers:
-        raise ValueError("a restore needs at least one store")
-    return tiers
-
-
-def _candidates(tiers: list[BundleStore], listed: list[list[StoreEntry]]) -> list[_Candidate]:
-    """Every entry a restore may try, newest first and, for one step, in the tiers' order."""
-    found = [
-        _Candidate(store, tier, entry)
-        for tier, (store, entries) in enumerate(zip(tiers, listed, strict=True))
-        for entry in entries
-        if entry.state in ("committed", "corrupt", "newer")
-    ]
-    return sorted(found, key=lambda c: (-c.entry.step, c.tier))
-
-
-def _why(chosen: _Candidate, tiers: list[BundleStore], listed: list[list[StoreEntry]], pinned: int | None) -> str:
-    """Why this tier's bundle is the one restored, in a line: what every other tier holds."""
-    if len(tiers) == 1:
-        return "the step asked for" if pinned is not None else "the newest bundle that verifies"
-    step = chosen.entry.step
-    others = []
-    for tier, (store, entries) in enumerate(zip(tiers, listed, strict=True)):
-        if tier == chosen.tier:
-            continue
-        held = [e.step for e in entries if e.state == "committed"]
-        if step in held and tier < chosen.tier:
-            others.append(f"{store.url} holds it too but its copy does not verify")
-        elif step in held:
-            others.append(f"{store.url} holds it too (the first tier's copy is read on a tie)")
-        else:
-            others.append(f"{store.url} holds {f'up to step {max(held)}' if held else 'no committed bundle'}")
-    what = "the step asked for" if pinned is not None else "the newest bundle that verifies on any tier"
-    return f"{what}; " + "; ".join(others)
-
-
 @dataclass(frozen=True)
 class _Reading:
     """What the caller asks of the bundle it resumes: its rollout order, the loader state's formats."""
 
     rollout_order: str | None
     loader_formats: tuple[Record, ...]
-
-
-async def _first_that_verifies(
-    tiers: list[BundleStore],
-    listed: list[list[StoreEntry]],
-    candidates: list[_Candidate],
-    staging: Path,
-    reading: _Reading,
-    resume_step: int | None,
-) -> tuple[_Candidate, _CheckedBundle, list[SkippedBundle]]:
-    """Steps 1-2 for each candidate, newest first, until one verifies; the newer ones are skipped."""
-    if resume_step is not None:
-        chosen, checked = await _pinned(tiers, listed, staging, reading, resume_step)
-        return chosen, checked, []
-    skipped: list[SkippedBundle] = []
-    for candidate in candidates:
-        entry, store = candidate.entry, candidate.store
-        try:
-            if entry.state == "corrupt":
-                raise CorruptBundleError(entry.detail)
-            if entry.state == "newer":  # resuming an older bundle instead would save over this one
-                raise NewerFormatError(entry.detail)
-            bundle = await run_blocking(store.open, entry.step)
-            return candidate, await _fetch_and_check(bundle, staging, reading), skipped
-        except CorruptBundleError as exc:
-            logger.warning(
-                "SKIPPING step %d at %s: it does not verify (%s); trying an older bundle", entry.step, store.url, exc
-            )
-            skipped.append(SkippedBundle(entry.step, str(exc), store.url))
-    reasons = "; ".join(f"step {s.step}: {s.reason}" for s in skipped)
-    where = " or ".join(store.url for store in tiers)
-    raise CheckpointError(
-        f"no committed bundle at {where} verifies ({reasons}); nothing was restored. Move the bundles "
-        "aside (or use a new run dir) to start over"
-    )
 
 
 def check_resume_step(
@@ -308,40 +225,7 @@ def check_resume_step(
     Raises:
         CheckpointError: naming the step, the stores and why (also: not a run bundle this rlckpt reads).
     """
-    return _openings(_tiers(stores), step, listed)[0][1]
-
-
-def _openings(
-    tiers: list[BundleStore], step: int, listed: Sequence[list[StoreEntry]] | None
-) -> list[tuple[int, Bundle]]:
-    """(tier, opened bundle) of `step` on every tier where it opens as a run bundle, in the tiers' order;
-    CheckpointError when there is a newer committed bundle anywhere, or it opens nowhere."""
-    listed = [store.entries() for store in tiers] if listed is None else listed
-    for store, entries in zip(tiers, listed, strict=True):
-        newer = [e.step for e in entries if e.step > step and e.state in ("committed", "newer")]
-        if newer:
-            raise CheckpointError(
-                f"cannot resume step {step} at {store.url}: newer committed bundles {newer} exist, and the resumed "
-                "run would save over their steps; move them aside or resume in a new run dir"
-            )
-    opened: list[tuple[int, Bundle]] = []
-    problems: list[Exception] = []
-    for tier, store in enumerate(tiers):
-        try:
-            bundle = store.open(step)
-            check_run_bundle(bundle)
-        except UncommittedBundleError as exc:
-            if len(tiers) == 1:
-                problems.append(exc)
-            continue
-        except CorruptBundleError as exc:
-            problems.append(exc)
-            continue
-        opened.append((tier, bundle))
-    if not opened:
-        cause = problems[0] if problems else UncommittedBundleError(f"step {step} is on no tier")
-        raise _does_not_verify(tiers, step, cause) from cause
-    return opened
+    return openings(as_tiers(stores), step, listed, accept=check_run_bundle)[0][1]
 
 
 def check_run_bundle(bundle: Bundle) -> RunBundle:
@@ -362,35 +246,12 @@ def check_run_bundle(bundle: Bundle) -> RunBundle:
     return run
 
 
-async def _pinned(
-    tiers: list[BundleStore], listed: list[list[StoreEntry]], staging: Path, reading: _Reading, step: int
-) -> tuple[_Candidate, _CheckedBundle]:
-    """`resume_step`: that step, from the first tier where it verifies, or an error, never another step;
-    and no newer bundle it would collide with."""
-    openings = await run_blocking(_openings, tiers, step, listed)
-    problems: list[Exception] = []
-    for tier, bundle in openings:
-        try:
-            checked = await _fetch_and_check(bundle, staging, reading)
-        except (CorruptBundleError, UncommittedBundleError) as exc:
-            problems.append(exc)
-            continue
-        entry = next(e for e in listed[tier] if e.step == step)
-        return _Candidate(tiers[tier], tier, entry), checked
-    raise _does_not_verify(tiers, step, problems[0]) from problems[0]
-
-
-def _does_not_verify(tiers: list[BundleStore], step: int, cause: Exception) -> CheckpointError:
-    where = " or ".join(store.url for store in tiers)
-    return CheckpointError(f"cannot resume step {step} at {where}: it does not verify ({cause})")
-
-
-async def _fetch_and_check(bundle: Bundle, staging: Path, reading: _Reading) -> _CheckedBundle:
+def _fetch_and_check(bundle: Bundle, *, staging: Path, reading: _Reading) -> _CheckedBundle:
     """Fetch every piece of an opened bundle digest-checked, read its records and check the pairing;
-    nothing is loaded yet."""
+    nothing is loaded yet (in choose's thread: blocking)."""
     logger.info("restoring step %d from %s", bundle.step, bundle.url)
     run = check_run_bundle(bundle)  # 2: before any byte is fetched
-    pieces = await run_blocking(_fetch_verified, bundle, staging / f"step_{bundle.step}")  # 2
+    pieces = _fetch_verified(bundle, staging / f"step_{bundle.step}")  # 2
     snapshot_metadata = _check_data_plane(bundle.step, run, pieces.snapshot_dir)  # 2
     saved_index = _check_pairing(bundle.manifest, run, pieces, snapshot_metadata, reading.rollout_order)  # 2
     loader_state = _loader_state(bundle.step, pieces.loader, reading.loader_formats)  # 2

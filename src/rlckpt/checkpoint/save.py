@@ -117,7 +117,7 @@ class SaveParticipants:
     compress_data_plane: bool | None = None  # None: zstd on object stores only (see data_plane_compression)
     retention: Retention | None = None  # after each commit (None, or no rule: keep all)
     # Steps retention must keep besides its rules, asked (in retention's thread) at each retention: a
-    # two-tier run's bundles not yet replicated (tiers.replication_holds)
+    # two-tier run's bundles not yet replicated (ReplicationQueue.holds: never a call to the remote tier)
     retention_holds: Callable[[], Mapping[int, str]] | None = None
     # The run's numbers at the step saved (reward, loss), recorded in the manifest for retention by metric
     metrics: Callable[[], Mapping[str, float]] | None = None
@@ -615,11 +615,17 @@ async def _abort(txn: BundleTransaction, step: int, cause: BaseException) -> Non
 async def _retain(store: BundleStore, retention: Retention, holds: Callable[[], Mapping[int, str]] | None) -> None:
     """Retention after a successful commit; a failure here never un-commits the save. It reads the
     bundles its rules count in full (only bundles that verify count), in RETENTION_WORKERS threads of
-    the controller's process, beside the rollout path. When `holds` cannot say what must be kept (the
-    remote tier is unreachable), nothing is deleted this time."""
+    the controller's process, beside the rollout path. `holds` (a two-tier run's bundles not yet replicated,
+    tiers/holds.py) are kept whatever the rules say, and a failure to tell them deletes nothing this time;
+    when they hold every bundle there is (the remote tier holds nothing of the run, or is silent), gc does
+    not run at all: it could delete nothing, and reading every bundle's manifest at each save would only
+    slow the rollouts beside it."""
 
     def retain() -> None:
         held = dict(holds()) if holds is not None else {}
+        if held and set(store.marked_steps()) <= held.keys():
+            logger.info("retention: every bundle of %s is held (%d); nothing to delete", store.url, len(held))
+            return
         store.gc(
             retention=dataclasses.replace(retention, holds={**retention.holds, **held}), max_workers=RETENTION_WORKERS
         )

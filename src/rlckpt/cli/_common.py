@@ -25,9 +25,11 @@ EXIT_TERMINATED = 143  # 128 + SIGTERM: `rlckpt train` stopped by SIGTERM withou
 # Where a key flag left unset is taken from (an empty value counts as unset).
 VERIFY_KEY_ENV = "RLCKPT_VERIFY_KEY"
 SIGNING_KEY_ENV = "RLCKPT_SIGNING_KEY"
+RUN_ID_ENV = "RLCKPT_RUN_ID"  # and where --run-id left unset is taken from
 
 # How deep a JSON argument may nest. fsspec's options go three levels deep (config_kwargs.retries.mode);
-# a limit of our own refuses a 1 000-deep one with a reason, not with Python's RecursionError.
+# a limit of our own (rlckpt.formats.json_depth) refuses a 1 000-deep one with a reason, not with Python's
+# RecursionError.
 MAX_JSON_DEPTH = 32
 # How much of a refused JSON argument an error quotes.
 _SHOWN_CHARS = 80
@@ -73,31 +75,20 @@ def json_object_arg(text: str) -> dict[str, Any]:
     def no_constant(name: str) -> Any:
         raise ValueError(f"{name} is not a JSON number")
 
-    shown = repr(text) if len(text) <= _SHOWN_CHARS else repr(text[:_SHOWN_CHARS]) + "…"
+    from rlckpt.formats import json_depth, quoted
+
+    shown = quoted(text, _SHOWN_CHARS)
+    if json_depth(text) > MAX_JSON_DEPTH:  # refused before json's decoder, which recurses per level
+        raise argparse.ArgumentTypeError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         value = json.loads(text, parse_constant=no_constant)
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(f"not valid JSON ({exc.msg} at column {exc.colno}): {shown}") from None
-    except RecursionError:  # json's decoder recurses per level: deeper than the interpreter's stack
-        raise argparse.ArgumentTypeError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {shown}") from None
     if not isinstance(value, dict):
         raise argparse.ArgumentTypeError(f"must be a JSON object, got {type(value).__name__}: {shown}")
-    if _json_depth(value) > MAX_JSON_DEPTH:
-        raise argparse.ArgumentTypeError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     return value
-
-
-def _json_depth(value: Any) -> int:
-    """Levels of objects and arrays in a parsed JSON value (a loop, so a deep value cannot overflow the stack)."""
-    depth, level = 0, [value]
-    while level:
-        containers = [v for v in level if isinstance(v, (dict, list))]
-        if containers:
-            depth += 1
-        level = [child for v in containers for child in (v.values() if isinstance(v, dict) else v)]
-    return depth
 
 
 def storage_options_arg(text: str) -> dict[str, Any]:
@@ -122,7 +113,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_verify_key_argument(parser: argparse.ArgumentParser) -> None:
-    """--verify-key PATH (default: $RLCKPT_VERIFY_KEY): only bundles that key signed for the run are read."""
+    """--verify-key PATH (default: $RLCKPT_VERIFY_KEY): only bundles that key signed for the run are read;
+    and --run-id ID (default: $RLCKPT_RUN_ID), which pins that run."""
     parser.add_argument(
         "--verify-key",
         metavar="PATH",
@@ -130,6 +122,35 @@ def add_verify_key_argument(parser: argparse.ArgumentParser) -> None:
         help=f"public key (signing.pub): accept only bundles it signed for this run; unsigned and badly signed "
         f"ones do not verify (default: ${VERIFY_KEY_ENV})",
     )
+    parser.add_argument(
+        "--run-id",
+        metavar="ID",
+        type=run_id_arg,
+        default=None,
+        help=f"with a verify key: this run is run ID (32 hex digits: `run` in `rlckpt ls --json`, `run_id` in "
+        f"`rlckpt train --json`), whatever its _run.json says, so a key shared by several runs cannot pass one "
+        f"run's bundles for another's (default: ${RUN_ID_ENV})",
+    )
+
+
+def run_id_arg(text: str) -> str:
+    """argparse type for --run-id: a run id, as `_run.json` holds it."""
+    from rlckpt.errors import StoreConfigError
+    from rlckpt.store.run_record import checked_run_id
+
+    try:
+        return checked_run_id(text)
+    except StoreConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def run_id(args: argparse.Namespace) -> str | None:
+    """The run pinned by --run-id or $RLCKPT_RUN_ID (StoreConfigError: exit 64, for an id that is not one),
+    or None."""
+    from rlckpt.store.run_record import checked_run_id
+
+    pinned = getattr(args, "run_id", None) or os.environ.get(RUN_ID_ENV)
+    return checked_run_id(pinned, f"${RUN_ID_ENV}") if pinned else None
 
 
 def verify_key(args: argparse.Namespace) -> VerifyKey | None:
@@ -172,8 +193,52 @@ def open_store(args: argparse.Namespace) -> BundleStore:
     from rlckpt.store import BundleStore, open_location
 
     key = verify_key(args)  # a key file that cannot be used is refused before the store is reached
+    pinned = run_id(args)
     fs, _root = open_location(args.url, args.storage_options, fail_fast=True)
-    return BundleStore(args.url, storage_options=args.storage_options, fs=fs, verify_key=key)
+    return BundleStore(args.url, storage_options=args.storage_options, fs=fs, verify_key=key, run_id=pinned)
+
+
+def add_remote_tier_arguments(parser: argparse.ArgumentParser, what: str) -> None:
+    """--replicated-to URL2 and --replicated-storage-options JSON: a two-tier run's remote tier (`what` it
+    is for, in the help), opened by `open_remote`."""
+    parser.add_argument(
+        "--replicated-to", dest="remote", default=None, metavar="URL2", help=f"the run's remote tier: {what}"
+    )
+    parser.add_argument(
+        "--replicated-storage-options",
+        dest="remote_storage_options",
+        type=storage_options_arg,
+        default=None,
+        metavar="JSON",
+        help="fsspec options of --replicated-to, as --storage-options",
+    )
+
+
+def open_remote(args: argparse.Namespace) -> BundleStore:
+    """The other store of a command that reads two (`ls`/`gc --replicated-to`, `copy`'s DST): the URL in
+    `args.remote` with the options in `args.remote_storage_options`, opened as `open_store` opens URL —
+    fail-fast on S3, and with the same verify key and pinned run (the tiers of one run accept the same
+    bundles)."""
+    remote = argparse.Namespace(
+        url=args.remote,
+        storage_options=getattr(args, "remote_storage_options", None),
+        verify_key=getattr(args, "verify_key", None),
+        run_id=getattr(args, "run_id", None),
+    )
+    return open_store(remote)
+
+
+def check_one_run(local: BundleStore, remote: BundleStore, outcome: str) -> None:
+    """Refuse a remote tier that is another run than `local` (tiers.check_one_run: its _run.json, or its
+    newest COMMIT, names another run): what it holds says nothing of what `local` replicated. `outcome`
+    says what the command did not do (RunIdentityError: exit 3)."""
+    from rlckpt.errors import RunIdentityError
+    from rlckpt.tiers import check_one_run as one_run
+
+    try:
+        one_run([local, remote])
+    except RunIdentityError as exc:
+        raise RunIdentityError(f"{remote.url} is not the remote tier of {local.url}: {exc}; {outcome}") from None
 
 
 def format_size(nbytes: int | None) -> str:

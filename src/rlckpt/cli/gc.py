@@ -22,8 +22,9 @@ examples:
 A bundle goes when no rule keeps it (--keep-last, --keep-every, --keep-best; none: no committed
 bundle goes). gc never removes the newest committed bundle that verifies, nor one that fails a check,
 nor a transaction that is still live (its writer runs on this host, or it started less than
---stale-after seconds ago); with --replicated-to, nor a bundle newer than the remote tier's newest or
-being copied there (read from the remote store).
+--stale-after seconds ago); with --replicated-to, nor a bundle newer than the newest one the remote
+tier holds as this very bundle of the run (same run id and manifest digest in COMMIT), nor one being
+copied there (read from the remote store). A --replicated-to of another run is refused (exit 3).
 """
 
 
@@ -41,18 +42,8 @@ def add_parser(subparsers: Any) -> None:
     )
     _common.add_common_arguments(parser)
     retention_args.add_retention_arguments(parser)
-    parser.add_argument(
-        "--replicated-to",
-        default=None,
-        metavar="URL",
-        help="the run's remote tier: keep every bundle it does not hold yet (docs/tiers.md)",
-    )
-    parser.add_argument(
-        "--replicated-storage-options",
-        type=_common.storage_options_arg,
-        default=None,
-        metavar="JSON",
-        help="fsspec options of --replicated-to, as --storage-options",
+    _common.add_remote_tier_arguments(
+        parser, "keep every bundle newer than the newest one it holds as this run's same bundle (docs/tiers.md)"
     )
     parser.add_argument("--dry-run", action="store_true", help="print what would be removed, remove nothing")
     parser.add_argument(
@@ -106,17 +97,19 @@ def describe(record: dict[str, Any]) -> list[str]:
 
 
 def retention(args: argparse.Namespace, store: Any) -> Any:
-    """The store.Retention of the flags; with --replicated-to, holding what that tier does not have yet."""
-    from rlckpt.store import BundleStore, Retention
+    """The store.Retention of the flags; with --replicated-to, holding what that tier does not have yet
+    (refused when it is another run's)."""
+    from rlckpt.store import Retention
     from rlckpt.tiers import replication_holds
 
     try:
         rules = Retention(**retention_args.retention_fields(args), **retention_args.metric_fields(args))
     except ValueError as exc:
         raise StoreConfigError(f"{exc} (see rlckpt gc --help)") from None
-    if args.replicated_to is None:
+    if args.remote is None:
         return rules
-    remote = BundleStore(args.replicated_to, args.replicated_storage_options, verify_key=_common.verify_key(args))
+    remote = _common.open_remote(args)
+    _common.check_one_run(store, remote, "nothing removed")
     return dataclasses.replace(rules, holds=replication_holds(store, remote))
 
 

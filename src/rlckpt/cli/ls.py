@@ -39,19 +39,7 @@ def add_parser(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _common.add_common_arguments(parser)
-    parser.add_argument(
-        "--replicated-to",
-        default=None,
-        metavar="URL",
-        help="the run's remote tier: show both tiers side by side (local state, remote state, lag)",
-    )
-    parser.add_argument(
-        "--replicated-storage-options",
-        type=_common.storage_options_arg,
-        default=None,
-        metavar="JSON",
-        help="fsspec options of --replicated-to, as --storage-options",
-    )
+    _common.add_remote_tier_arguments(parser, "show both tiers side by side (local state, remote state, lag)")
     parser.add_argument("--json", action="store_true", help="print a JSON list of records instead of a table")
     parser.set_defaults(func=run)
 
@@ -102,6 +90,7 @@ def tier_records(rows: list[Any]) -> list[dict[str, Any]]:
             "step": row.step,
             "local": None if row.local is None else entry_record(row.local),
             "remote": None if row.remote is None else entry_record(row.remote),
+            "replicated": row.replicated,
             "lag_s": row.lag_s,
         }
         for row in rows
@@ -118,7 +107,10 @@ def render_tiers(records: list[dict[str, Any]]) -> str:
     rows = []
     for r in records:
         either = r["local"] or r["remote"] or {}
-        detail = " / ".join(str(e["detail"]) for e in (r["local"], r["remote"]) if e and e.get("detail"))
+        details = [str(e["detail"]) for e in (r["local"], r["remote"]) if e and e.get("detail")]
+        if state(r["local"]) == state(r["remote"]) == "committed" and not r["replicated"]:
+            details.append("another bundle of this step on each tier")
+        detail = " / ".join(details)
         lag = "-" if r["lag_s"] is None else f"{r['lag_s']:.1f}s"
         rows.append(
             [
@@ -136,11 +128,16 @@ def render_tiers(records: list[dict[str, Any]]) -> str:
 
 
 def lag_line(lag: Any, remote_url: str) -> str:
-    """One line: how far the remote tier is behind the local one."""
+    """One line: how far the remote tier is behind the local one (by the same bundle of the run on both)."""
     where = _common.printable(remote_url)
     if not lag.not_replicated:
+        if lag.local_newest is None:
+            return f"the local tier holds no committed bundle; remote tier {where}: nothing to replicate"
         return f"remote tier {where} holds the newest local bundle (step {lag.local_newest})"
-    held = "no committed bundle" if lag.remote_newest is None else f"up to step {lag.remote_newest}"
+    if lag.replicated_newest is None:
+        held = "no committed bundle" if lag.remote_newest is None else "no bundle of the local tier"
+    else:
+        held = f"the local bundles up to step {lag.replicated_newest}"
     steps = ", ".join(str(s) for s in lag.not_replicated)
     return f"remote tier {where} holds {held}; not replicated yet: step(s) {steps}"
 
@@ -148,35 +145,32 @@ def lag_line(lag: Any, remote_url: str) -> str:
 def run_tiers(args: argparse.Namespace, local: Any) -> int:
     from rlckpt.tiers.status import side_by_side
 
-    remote_args = argparse.Namespace(
-        url=args.replicated_to,
-        storage_options=args.replicated_storage_options,
-        verify_key=getattr(args, "verify_key", None),
-    )
-    remote = _common.open_store(remote_args)
+    remote = _common.open_remote(args)
+    _common.check_one_run(local, remote, "nothing listed")
     rows, lag = side_by_side(local, remote)
     records = tier_records(rows)
     if args.json:
         _common.print_json(
             {
                 "local": args.url,
-                "remote": args.replicated_to,
+                "remote": args.remote,
                 "steps": records,
                 "local_newest": lag.local_newest,
                 "remote_newest": lag.remote_newest,
+                "replicated_newest": lag.replicated_newest,
                 "not_replicated": lag.not_replicated,
             }
         )
         return _common.EXIT_OK
     if records:
         print(render_tiers(records))
-    print(lag_line(lag, args.replicated_to))
+    print(lag_line(lag, args.remote))
     return _common.EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:
     store = _common.open_store(args)
-    if args.replicated_to is not None:
+    if args.remote is not None:
         return run_tiers(args, store)
     checked = store.verify_key is not None
     records = [entry_record(e, checked) for e in store.entries(metadata_keys=(META_FORMAT,))]

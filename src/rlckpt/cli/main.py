@@ -45,7 +45,8 @@ examples:
   rlckpt copy /nvme/run1 s3://bucket/run1 --step 200
 
 exit codes: 0 ok, 1 corrupt bundle, 2 uncommitted or missing bundle, 3 other error (store
-unreachable or forbidden, bucket missing, no Ray cluster at --ray-address), 64 bad command line or
+unreachable or forbidden, bucket missing, no Ray cluster at --ray-address, a store of another run than
+the one asked for: a --replicated-to, --replicate-to or copy DST of another run), 64 bad command line or
 store configuration (empty or malformed URL, unknown protocol, endpoint not an http(s) URL, unknown
 storage option), a key file that cannot be used (missing, a private key others may read, not an
 Ed25519 key) or a Ray cluster that cannot hold the run (too many --trainer-ranks, a

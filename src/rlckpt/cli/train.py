@@ -5,19 +5,25 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import sys
 import tempfile
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from rlckpt.cli import _common, retention_args, train_stop
+from rlckpt.controller.stopping import StopOutcome
 from rlckpt.errors import FinalSaveAbortedError
 
 if TYPE_CHECKING:
     from rlckpt.checkpoint.save import SaveHook
+    from rlckpt.controller.config import TrainConfig
     from rlckpt.controller.loop import GenerateHook
+    from rlckpt.controller.setup import SingleController
     from rlckpt.controller.trainer_rank import SavePlannerFactory
+    from rlckpt.store import BundleStore
 
 # --ray-connect-timeout's default: the library's (rlckpt.dataplane.ray_cluster.DEFAULT_CONNECT_TIMEOUT_S),
 # which is not imported here because its package imports torch, and `rlckpt --help` stays fast.
@@ -54,8 +60,10 @@ resumes exactly N, or fails.
 SIGTERM saves and stops (--on-sigterm save, the default): the step in progress finishes, its
 bundle commits within --grace-seconds and the run exits 0 with the step it saved; a second SIGTERM
 or the grace period running out aborts that save cleanly (exit 143, the previous bundle stays the
-resume point). --save-by / --save-by-seconds end the run the same way at a deadline. Ctrl-C stops
-at once (exit 130).
+resume point), and the process ends within --grace-seconds + 30 s whatever the storage does. A
+SIGTERM during start-up stops it (exit 0, nothing to save yet). SIGTERM may reach every process of
+the job: the run's Ray processes leave it to this one. --save-by / --save-by-seconds end the run the
+same way at a deadline. Ctrl-C stops at once (exit 130).
 """
 
 
@@ -279,7 +287,8 @@ def _ray_address_arg(text: str) -> str:
 def _start_ray(args: argparse.Namespace) -> str | None:
     """Join --ray-address (at most --ray-connect-timeout to find it) or start the private local cluster.
     Returns the temp dir to remove at exit: the private cluster's, unless the user chose it with
-    --ray-temp-dir. A start that fails leaves no temp dir of ours behind."""
+    --ray-temp-dir. A start that fails leaves no temp dir of ours behind. A private cluster's processes
+    leave SIGTERM to this one, and its reaper kills them (and removes our temp dir) however it ends."""
     from rlckpt.dataplane.ray_cluster import connect_ray, start_local_ray, stop_local_ray
 
     if args.ray_address:
@@ -288,13 +297,52 @@ def _start_ray(args: argparse.Namespace) -> str | None:
     ours = args.ray_temp_dir is None
     ray_dir = tempfile.mkdtemp(prefix="rlckpt-ray-", dir="/tmp") if ours else args.ray_temp_dir
     try:
-        start_local_ray(ray_dir, log_to_driver=args.verbose > 0)
+        start_local_ray(ray_dir, log_to_driver=args.verbose > 0, remove_temp_dir=ours)
     except BaseException:
         stop_local_ray()  # whatever part of a cluster ray.init started before it failed
         if ours:
             shutil.rmtree(ray_dir, ignore_errors=True)
         raise
     return ray_dir if ours else None
+
+
+def replication_line(event: dict[str, Any], remote: str) -> str | None:
+    """The progress line of a replication event (None: the event is not one): one line, whatever failed."""
+    if event.get("event") == "replicated":
+        where = _common.printable(remote)
+        return f"  replicated step {event['step']} to {where}: {event['lag_s']:.2f}s after its local commit"
+    if event.get("event") == "replication_failed":
+        return (
+            f"  replication of step {event['step']} FAILED (retried with the next replicated save; the remote tier "
+            f"is {event['lag_s']:.1f}s behind): {_common.printable(event['error'])}"
+        )
+    return None
+
+
+@dataclass
+class _Started:
+    """What the driver has started so far: what its end stops, and what a report of a stop reads."""
+
+    config: TrainConfig | None = None
+    store: BundleStore | None = None
+    ray: bool = False
+    ray_dir: str | None = None  # ours, to remove
+    controller: SingleController | None = None
+    stopping: str = "preempted"  # why the run was stopping, should it end without its final save
+
+    def known_last(self) -> int | None:
+        """The newest step the run knows committed (its events; the restored step)."""
+        return None if self.controller is None else self.controller.last_committed_step
+
+    def shutdown(self) -> None:
+        from rlckpt.dataplane.ray_cluster import stop_local_ray
+
+        if self.controller is not None:
+            self.controller.shutdown()
+        if self.ray:
+            stop_local_ray()
+        if self.ray_dir is not None:  # ours: remove it; a user-given dir stays
+            shutil.rmtree(self.ray_dir, ignore_errors=True)
 
 
 def run(
@@ -306,12 +354,60 @@ def run(
 ) -> int:
     """Run the main job; ``before_commit`` is awaited before each save's COMMIT, ``save_planner`` gives
     each trainer rank its DCP save planner and ``before_generate`` is awaited before each batch is
-    generated (crash and stop tests; see setup_single_controller)."""
+    generated (crash and stop tests; see setup_single_controller).
+
+    The stop's state machine (``train_stop.StopState``) handles SIGTERM from the first line to the last:
+    every phase of the run has one outcome per SIGTERM (docs/cli.md)."""
+    started = _Started()
+    stop = train_stop.StopState(args.on_sigterm, args.grace_seconds, on_overrun=_overrun(args, started))
+    stop.install()
+    outcome: StopOutcome | None = None
+    unsaved: BaseException | None = None
+    try:
+        try:
+            return _train(args, stop, started, before_commit, save_planner, before_generate)
+        except FinalSaveAbortedError as exc:
+            unsaved = exc
+        except KeyboardInterrupt as exc:
+            if not (stop.startup_stopped or stop.stopped_at_once):
+                raise  # Ctrl-C: "interrupted", exit 130
+            if stop.stopped_at_once:
+                outcome = started.controller.stop_at_once() if started.controller else StopOutcome(None, None)
+                if not (outcome.lost_nothing or stop.phase is train_stop.Phase.COMMITTED):
+                    unsaved = exc
+        finally:
+            stop.enter(train_stop.Phase.SHUTTING_DOWN)
+            started.shutdown()
+        config, as_json = started.config, args.json
+        run_dir = config.run_dir if config is not None else args.run_dir
+        store = started.store
+        if unsaved is not None:
+            stop.outcome = _common.EXIT_TERMINATED
+            return train_stop.report_unsaved(
+                unsaved, store, run_dir, reason=started.stopping, known_last=started.known_last(), as_json=as_json
+            )
+        stop.outcome = _common.EXIT_OK
+        step = None if outcome is None else outcome.step
+        return train_stop.report_stopped(
+            store, run_dir, reason=started.stopping, step=step, known_last=started.known_last(), as_json=as_json
+        )
+    finally:
+        stop.uninstall()
+
+
+def _train(
+    args: argparse.Namespace,
+    stop: train_stop.StopState,
+    started: _Started,
+    before_commit: SaveHook | None,
+    save_planner: SavePlannerFactory | None,
+    before_generate: GenerateHook | None,
+) -> int:
+    """The run, start-up to summary (``run`` handles how a stop ends it and stops what was started)."""
     from tqdm import tqdm
 
     from rlckpt.controller.config import TrainConfig
     from rlckpt.controller.setup import check_start, setup_single_controller
-    from rlckpt.dataplane.ray_cluster import stop_local_ray
 
     signing_key = _common.signing_key(args)  # a key file that cannot be used: one line, exit 64, before anything
     verify_key = _common.verify_key(args) or (signing_key.public if signing_key else None)
@@ -348,87 +444,63 @@ def run(
             grace_s=args.grace_seconds,
             signing_key=signing_key,
             verify_key=verify_key,
+            run_id=_common.run_id(args),
         )
     except ValueError as exc:  # flags argparse cannot check one by one (--metric without --keep-best, ...)
         print(f"rlckpt train: error: {_common.printable(exc)} (see rlckpt train --help)", file=sys.stderr)
         return _common.EXIT_USAGE
-    store = check_start(config)  # a wrong --resume-step or --fresh fails here, before Ray and TQ take ≈20 s to start
-    ray_dir = _start_ray(args)
-    sigterm = train_stop.SigtermHandler(args.on_sigterm, args.grace_seconds)
-    sigterm.install()  # after ray.init, which installs a SIGTERM handler of its own
-    controller = None
-    stopping = "preempted"  # why the run was stopping, should it end without its final save
-    unsaved: BaseException | None = None
-    try:
-        print("rlckpt train: starting TransferQueue and the controller ...", file=sys.stderr)
-        controller = setup_single_controller(
-            config, before_commit=before_commit, save_planner=save_planner, before_generate=before_generate
+    started.config, started.store = config, config.store()  # the store a stop's report lists
+    check_start(config)  # a wrong --resume-step or --fresh fails here, before Ray and TQ take ≈20 s to start
+    started.ray_dir = _start_ray(args)
+    started.ray = True
+    print("rlckpt train: starting TransferQueue and the controller ...", file=sys.stderr)
+    controller = started.controller = setup_single_controller(
+        config, before_commit=before_commit, save_planner=save_planner, before_generate=before_generate
+    )
+    stop.enter(train_stop.Phase.TRAINING)  # from here a first SIGTERM is a save-and-stop
+    start = controller.restored.step if controller.restored else 0
+    skipped = controller.restored.skipped if controller.restored else []
+    for bundle in skipped:
+        print(
+            f"rlckpt train: SKIPPED step {bundle.step}: it does not verify ({_common.printable(bundle.reason)})",
+            file=sys.stderr,
         )
-        start = controller.restored.step if controller.restored else 0
-        skipped = controller.restored.skipped if controller.restored else []
-        for bundle in skipped:
-            print(
-                f"rlckpt train: SKIPPED step {bundle.step}: it does not verify ({_common.printable(bundle.reason)})",
+    if controller.restored:
+        print(
+            f"rlckpt train: resumed step {start} from {_common.printable(controller.restored.url)} "
+            f"({controller.restored.seconds:.1f}s): {_common.printable(controller.restored.why)}",
+            file=sys.stderr,
+        )
+    bar = tqdm(total=config.steps, initial=start, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
+
+    def on_event(event: dict[str, Any]) -> None:
+        stop_line = train_stop.describe_event(event)
+        if stop_line is not None:
+            started.stopping = event.get("reason", started.stopping)
+            bar.write(stop_line, file=sys.stderr)
+        if event.get("event") == "stop_committed":
+            stop.enter(train_stop.Phase.COMMITTED)
+        if event.get("event") == "step":
+            bar.update(event["step"] - bar.n)
+            bar.set_postfix(reward=f"{event['reward']:.3f}")
+        if "saved" in event:
+            downtime = f", train pump waited {event['save_downtime_s']:.2f}s" if "save_downtime_s" in event else ""
+            bar.write(
+                f"  saved step {event['saved']}: {event['save_s']:.2f}s{downtime}, "
+                f"window {event['window_s'] * 1e3:.1f} ms, max rollout stall {event['stall_max_s'] * 1e3:.1f} ms",
                 file=sys.stderr,
             )
-        if controller.restored:
-            print(
-                f"rlckpt train: resumed step {start} from {_common.printable(controller.restored.url)} "
-                f"({controller.restored.seconds:.1f}s): {_common.printable(controller.restored.why)}",
-                file=sys.stderr,
-            )
-        bar = tqdm(total=config.steps, initial=start, desc="train", unit="step", file=sys.stderr, dynamic_ncols=True)
+        elif (replication := replication_line(event, str(config.replicate_to))) is not None:
+            bar.write(replication, file=sys.stderr)
+        elif "save_error" in event:
+            bar.write(f"  save of step {event['step']} FAILED: {event['save_error']}", file=sys.stderr)
 
-        def on_event(event: dict[str, Any]) -> None:
-            nonlocal stopping
-            stop_line = train_stop.describe_event(event)
-            if stop_line is not None:
-                stopping = event.get("reason", stopping)
-                bar.write(stop_line, file=sys.stderr)
-            if event.get("event") == "step":
-                bar.update(event["step"] - bar.n)
-                bar.set_postfix(reward=f"{event['reward']:.3f}")
-            if "saved" in event:
-                downtime = f", train pump waited {event['save_downtime_s']:.2f}s" if "save_downtime_s" in event else ""
-                bar.write(
-                    f"  saved step {event['saved']}: {event['save_s']:.2f}s{downtime}, "
-                    f"window {event['window_s'] * 1e3:.1f} ms, max rollout stall {event['stall_max_s'] * 1e3:.1f} ms",
-                    file=sys.stderr,
-                )
-            elif event.get("event") == "replicated":
-                bar.write(
-                    f"  replicated step {event['step']} to {_common.printable(str(config.replicate_to))}: "
-                    f"{event['lag_s']:.2f}s after its local commit",
-                    file=sys.stderr,
-                )
-            elif event.get("event") == "replication_failed":
-                bar.write(
-                    f"  replication of step {event['step']} FAILED (retried with the next replicated save): "
-                    f"{_common.printable(event['error'])}",
-                    file=sys.stderr,
-                )
-            elif "save_error" in event:
-                bar.write(f"  save of step {event['step']} FAILED: {event['save_error']}", file=sys.stderr)
-
-        summary = controller.run(on_event, stop_request=sigterm.pending)
-        bar.close()
-        bundles = controller.store.steps()
-        record = controller.store.run_record()
-        run_id = record.run_id if record else None
-    except FinalSaveAbortedError as exc:
-        unsaved = exc
-    except KeyboardInterrupt as exc:
-        if not sigterm.stopped_at_once:
-            raise  # Ctrl-C: "interrupted", exit 130
-        unsaved = exc
-    finally:
-        if controller is not None:
-            controller.shutdown()
-        stop_local_ray()
-        if ray_dir is not None:  # ours: remove it; a user-given dir stays
-            shutil.rmtree(ray_dir, ignore_errors=True)
-    if unsaved is not None:
-        return train_stop.report_unsaved(unsaved, store, config.run_dir, reason=stopping, as_json=args.json)
+    summary = controller.run(on_event, stop_request=stop.pending)
+    stop.enter(train_stop.Phase.SHUTTING_DOWN)  # the outcome is the summary's: a SIGTERM from now is ignored
+    bar.close()
+    bundles = controller.store.steps()
+    record = controller.store.run_record()
+    run_id = record.run_id if record else None
     result = {
         **asdict(summary),
         "bundles": bundles,
@@ -446,9 +518,37 @@ def run(
         reward = "-" if summary.reward is None else f"{summary.reward:.3f}"
         print(
             f"step {summary.step}  reward {reward}  policy_sha256 {summary.policy_sha256[:16]}…  "
-            f"bundles {bundles}  ({summary.steps_run} steps this run, resumed from {summary.resumed_from})"
+            f"bundles {bundles}  ({summary.steps_run} steps this run, resumed from {summary.resumed_from})  "
+            f"run {run_id}"
         )
-    stopped = train_stop.stopped_line(result)
-    if stopped is not None:
-        print(stopped, file=sys.stderr)
+    if summary.stop_reason != "completed":
+        last = summary.last_committed_step
+        print(train_stop.stopped_line(summary.stop_reason, last, trained=summary.steps_run > 0), file=sys.stderr)
+    stop.outcome = _common.EXIT_OK
     return _common.EXIT_OK
+
+
+def _overrun(args: argparse.Namespace, started: _Started) -> Callable[[int], None]:
+    """The backstop of a stop that overran its bound: one line, the ``--json`` line with what the run
+    knows (nothing is listed: the store may be what hangs), and the exit, now."""
+
+    def overrun(code: int) -> None:
+        last = started.known_last()
+        print(
+            f"rlckpt train: the stop did not end within the grace period + {train_stop.STOP_MARGIN_S:.0f}s: "
+            f"exiting now; resume point: {last}",
+            file=sys.stderr,
+            flush=True,
+        )
+        if args.json:
+            record = {
+                "stop_reason": started.stopping,
+                "final_save_aborted": code != _common.EXIT_OK,
+                "last_committed_step": last,
+                "bundles": None,
+                "run_dir": args.run_dir,
+            }
+            print(json.dumps(record, sort_keys=True), flush=True)
+        os._exit(code)
+
+    return overrun

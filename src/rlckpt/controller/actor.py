@@ -63,15 +63,19 @@ class SingleControllerActor:
         elif self._stop is None:
             self._stop = (request, time.monotonic())
 
-    async def stop(self) -> bool:
-        """Cancel the run (the driver's SIGTERM / Ctrl-C): a save in flight is aborted, nothing of it
-        committed. True when a run was stopped."""
+    async def stop(self) -> dict[str, int | None]:
+        """Cancel the run (the driver's second SIGTERM, Ctrl-C): a save in flight is aborted, nothing of it
+        committed (the run's end waits ``stop_abort_s`` at most for it). Returns what the run leaves, as
+        ``StopOutcome``'s fields: the step reached and the newest committed step."""
         task, self._running = self._running, None
-        if task is None or task.done():
-            return False
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        return True
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        loop = self._loop
+        if loop is None:  # stopped before the loop ran: at the step it started from (restored, or 0)
+            start = self.args.loop_state.step
+            return {"step": start, "last_committed_step": start if start > 0 else None}
+        return {"step": loop.state.step, "last_committed_step": loop.committed_step}
 
     def drain_events(self) -> list[dict[str, Any]]:
         """Progress events since the last call (the driver polls this)."""

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from rlckpt.checkpoint.save import UploadTiming
 from rlckpt.controller.capacity import check_rank_resources
+from rlckpt.controller.stopping import ABORT_WAIT_S
 from rlckpt.dataplane.tq_client import DEFAULT_TQ_CONFIG
 from rlckpt.grpo import GRPOConfig
 from rlckpt.store import BundleStore, Retention, SigningKey, VerifyKey
@@ -60,18 +61,22 @@ class TrainConfig:
     trainer_resources: dict[str, float] | None = None  # Ray custom resources each rank asks for
     rank_timeout_s: float = 180.0  # the longest the controller waits for the ranks to answer one call
     # Stopping early (docs/architecture.md, Stopping): a deadline (unix time) by which the run has saved and
-    # stopped, the grace a stop has before its final save is aborted, and what a save is assumed to cost
-    # until the run has measured one
+    # stopped, the grace a stop has before its final save is aborted, what a save is assumed to cost
+    # until the run has measured one, and how long a stop waits for what it cancelled (a save whose storage
+    # does not answer) before leaving it behind
     save_by: float | None = None
     grace_s: float = 60.0
     unmeasured_save_s: float = 10.0
+    stop_abort_s: float = ABORT_WAIT_S
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     tq_config: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_TQ_CONFIG))
     # Signed bundles (docs/security.md): the controller signs every COMMIT with `signing_key` (the key
     # itself travels to the controller actor, never a path, and never to a trainer rank); a resume reads
-    # only bundles `verify_key` signed for this run, and so does retention.
+    # only bundles `verify_key` signed for this run, and so does retention. `run_id` pins "this run" (with a
+    # verify key): a key shared by several runs then cannot pass one run's bundles for another's.
     signing_key: SigningKey | None = None
     verify_key: VerifyKey | None = None
+    run_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.rollout_order not in ("in_order", "async"):
@@ -90,9 +95,10 @@ class TrainConfig:
             )
         if self.upload_timing not in ("pinned", "staged", "inline"):
             raise ValueError(f"upload_timing must be 'pinned', 'staged' or 'inline', got {self.upload_timing!r}")
-        if self.grace_s < 0 or self.unmeasured_save_s < 0:
+        if self.grace_s < 0 or self.unmeasured_save_s < 0 or self.stop_abort_s < 0:
             raise ValueError(
-                f"grace_s and unmeasured_save_s must be >= 0, got {self.grace_s}, {self.unmeasured_save_s}"
+                f"grace_s, unmeasured_save_s and stop_abort_s must be >= 0, got {self.grace_s}, "
+                f"{self.unmeasured_save_s}, {self.stop_abort_s}"
             )
         if self.save_failure not in ("stop", "continue"):
             raise ValueError(f"save_failure must be 'stop' or 'continue', got {self.save_failure!r}")
@@ -135,11 +141,18 @@ class TrainConfig:
             every=self.replicate_every,
             retention=rules,
             verify_key=self.verify_key,
+            run_id=self.run_id,
         )
 
     def store(self) -> BundleStore:
         """The run's store, with the run's keys: the one way the driver and the controller open it."""
-        return BundleStore(self.run_dir, self.storage_options, signing_key=self.signing_key, verify_key=self.verify_key)
+        return BundleStore(
+            self.run_dir,
+            self.storage_options,
+            signing_key=self.signing_key,
+            verify_key=self.verify_key,
+            run_id=self.run_id,
+        )
 
     @property
     def max_ahead(self) -> int:

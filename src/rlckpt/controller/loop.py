@@ -12,7 +12,9 @@ finishes; a wait for rollouts is a safe point (nothing of the step has started);
 draws no new batch, and what is in flight is saved as reserved groups like in any save. A save in
 flight is finished first if that fits the grace period, then one final save of the step reached
 commits and ``run()`` returns. The grace period bounds it all: when it runs out the final save is
-aborted (nothing of it committed) and ``run()`` raises FinalSaveAbortedError.
+aborted (nothing of it committed) and ``run()`` raises FinalSaveAbortedError. What a stop cancels is
+waited for ``config.stop_abort_s`` at most: a save whose thread waits on a store that does not answer
+is left behind, so that neither the grace period nor a cancel waits on the storage.
 
 Rollout orders: ``in_order`` — batch k is generated with weights k and trained at step k (deterministic);
 ``async`` — batch k may be generated with weights as old as k − max_staleness while the trainer
@@ -44,7 +46,7 @@ from rlckpt.errors import CheckpointError, FinalSaveAbortedError, SaveFailedErro
 from rlckpt.grpo import DigitSumTask, PromptLoader, TrainBatch, grouped_advantages, weights_sha256
 from rlckpt.replay import GroupRecord, ReplayBuffer
 from rlckpt.store import BundleStore
-from rlckpt.tiers import ReplicationQueue, Replicator, replication_holds
+from rlckpt.tiers import ReplicationQueue, Replicator
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +148,9 @@ class ControllerLoop:
         self._stop: StopRequest | None = None
         self._stop_requested = asyncio.Event()
         self._grace_at: float | None = None  # event-loop time by which the stop must be done
-        self._grace: asyncio.Timeout | None = None  # run()'s; rescheduled when a stop is requested
+        self._grace_moved = asyncio.Event()  # wakes run() when _grace_at is set or moved
+        self._abort_by: float | None = None  # event-loop time until which cancelled work is waited for
+        self._cancelled = False  # run() was cancelled: stopped at once
 
     def _replication(self, replicator: Replicator | None) -> ReplicationQueue | None:
         """The queue of replications to the remote tier, when the run has one (docs/tiers.md)."""
@@ -157,12 +161,14 @@ class ControllerLoop:
         return ReplicationQueue(replicator, remote_url=self.config.replicate_to, on_event=self.on_event)
 
     def _replication_holds(self) -> Callable[[], dict[int, str]] | None:
-        """What local retention keeps while replication is on: read from the remote store at each retention
-        (in retention's thread), with the steps in flight or waiting here."""
-        local, remote, queue = self.store, self.remote, self.replication
-        if remote is None or queue is None:
+        """What local retention keeps while replication is on (tiers/holds.py): by what the replication worker
+        last found the remote tier to hold, and the steps in flight or waiting here. Asked in retention's
+        thread; it lists the local tier only (one listing: retention reads the bundles itself), so no save
+        waits on the remote tier."""
+        local, queue = self.store, self.replication
+        if queue is None:
             return None
-        return lambda: replication_holds(local, remote, pending=queue.pending())
+        return lambda: queue.holds(local.marked_steps())
 
     def _compress_data_plane(self) -> bool | None:
         """zstd for the data plane's files as asked; by default where they end up on an object store: the run
@@ -209,35 +215,32 @@ class ControllerLoop:
         self.gen_version = version
         if version != self.state.step:
             raise CheckpointError(f"trainer is at weight version {version}, the run state at step {self.state.step}")
+        if self.replication is not None:
+            self.replication.start()  # what the remote tier holds, read by the replication worker
         rollout = asyncio.create_task(self._rollout_pump(), name="rollout-pump")
         train = asyncio.create_task(self._train_pump(), name="train-pump")
         watch = asyncio.create_task(self._watch_deadline(), name="deadline-watch") if self._deadline else None
-        grace = asyncio.timeout_at(self._grace_at)  # armed by a stop request (request_stop)
+        body = asyncio.create_task(self._to_the_end(rollout, train), name="run-body")
         try:
-            async with grace:
-                self._grace = grace
-                done, _ = await asyncio.wait({rollout, train}, return_when=asyncio.FIRST_COMPLETED)
-                if rollout in done and rollout.exception() is not None:
-                    raise rollout.exception()  # type: ignore[misc]
-                await train
-                await self._end_of_run()  # the last save commits before the run ends (rollouts still flow)
-        except TimeoutError:
-            if not grace.expired():
-                raise
-            self._grace_ran_out()
+            if await self._within_grace(body):
+                body.result()  # the run's own failure, if any
+            else:
+                await self._grace_ran_out(body)
+        except asyncio.CancelledError:  # stopped at once (the driver's second SIGTERM, Ctrl-C): a stop too
+            self._cancelled = True
+            raise
         finally:
-            self._grace = None
-            if watch is not None:
-                watch.cancel()
-                await asyncio.gather(watch, return_exceptions=True)
             # stopped early: the train pump goes first, else it would begin the next save after the abort
-            train.cancel()
-            await asyncio.gather(train, return_exceptions=True)
-            await self._abort_save_in_flight()  # only when stopped early: nothing half-committed is left
+            # one abort deadline for all of it (from the grace running out, or from here)
+            for task in (body, watch, train):
+                if task is not None:
+                    task.cancel()
+            await self._settle(body, watch, train, until=self._abort_deadline())
+            await self._abort_save_in_flight(until=self._abort_deadline())  # only when stopped early
             rollout.cancel()
-            await asyncio.gather(rollout, return_exceptions=True)
-            if self.replication is not None:
-                await self.replication.close()  # a copy not committed by now stays uncommitted
+            await self._settle(rollout, until=self._abort_deadline())
+            if self.replication is not None:  # a copy not committed by now stays uncommitted
+                await self._settle(asyncio.ensure_future(self.replication.close()), until=self._abort_deadline())
         return RunSummary(
             step=self.state.step,
             policy_sha256=await self.trainer.policy_sha256(),
@@ -255,7 +258,20 @@ class ControllerLoop:
             replication_failed=dict(self.replication.failed) if self.replication else {},
         )
 
+    async def _to_the_end(self, rollout: asyncio.Task[None], train: asyncio.Task[None]) -> None:
+        """The run's body: the pumps until the train pump is done (or one fails), then its end."""
+        done, _ = await asyncio.wait({rollout, train}, return_when=asyncio.FIRST_COMPLETED)
+        if rollout in done and rollout.exception() is not None:
+            raise rollout.exception()  # type: ignore[misc]
+        await train
+        await self._end_of_run()  # the last save commits before the run ends (rollouts still flow)
+
     # --- stopping early ----------------------------------------------------------------------------
+
+    @property
+    def committed_step(self) -> int | None:
+        """The resume point the run would leave now (None: no bundle)."""
+        return self._committed_step
 
     def request_stop(self, request: StopRequest, detail: str = "") -> None:
         """Save and stop at the next safe point (module doc). The first request counts; its grace
@@ -263,9 +279,7 @@ class ControllerLoop:
         if self._stop is not None:
             return
         self._stop = request
-        self._grace_at = asyncio.get_running_loop().time() + request.grace_s
-        if self._grace is not None:
-            self._grace.reschedule(self._grace_at)
+        self._end_grace_at(asyncio.get_running_loop().time() + request.grace_s)
         self._stop_requested.set()
         logger.warning(
             "stop requested (%s) at step %d: saving at the next safe point, %.0fs grace%s",
@@ -287,10 +301,17 @@ class ControllerLoop:
         await self._finish_save_in_flight_if_it_fits()
         if self._final_save_needed():
             await self._final_save(self.state.step)
+        else:
+            self._stop_committed()
         logger.warning(
             "stopped (%s) at step %d; resume point: %s", self._stop.reason, self.state.step, self._committed_step
         )
         await self._wait_for_replication()  # within the grace period: the local tier holds the resume point
+
+    def _stop_committed(self) -> None:
+        """The stop's "committed" phase begins: the step reached is the resume point; what is left (retention,
+        the replication wait) loses nothing if it is cut short."""
+        self.on_event({"event": "stop_committed", "step": self.state.step, "last_committed_step": self._committed_step})
 
     async def _finish_save_in_flight_if_it_fits(self) -> None:
         """The save in flight is finished first if the final save still has its estimated time in the
@@ -328,22 +349,83 @@ class ControllerLoop:
             raise SaveFailedError(f"final save of step {step} to {self.store.url} failed: {exc}") from exc
         saved = self._committed(report, waits_before, last=True)
         self.on_event({"event": "save", "step": step, "reward": self.last_reward, **saved})
+        self._stop_committed()
         await pending.retain()
 
-    def _grace_ran_out(self) -> None:
-        """The grace period ended the run: fine if the final save had committed (only its retention was
-        cut short), else FinalSaveAbortedError (the save in flight is aborted on the way out)."""
+    async def _within_grace(self, body: asyncio.Task[None]) -> bool:
+        """Wait for the run's body; False when a stop's grace period runs out first."""
+        loop = asyncio.get_running_loop()
+        while not body.done():
+            self._grace_moved.clear()
+            moved = asyncio.ensure_future(self._grace_moved.wait())
+            timeout = None if self._grace_at is None else max(0.0, self._grace_at - loop.time())
+            try:
+                await asyncio.wait({body, moved}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                moved.cancel()
+            if not body.done() and self._grace_at is not None and loop.time() >= self._grace_at:
+                return False
+        return True
+
+    def _abort_deadline(self) -> float:
+        """Until when the end of the run waits for what it cancelled: ``stop_abort_s`` after it first asks
+        when the run is stopping (a stop request, a cancel); else (it failed) until it is over, as ever."""
+        if self._stop is None and not self._cancelled:
+            return math.inf
+        if self._abort_by is None:
+            self._abort_by = asyncio.get_running_loop().time() + self.config.stop_abort_s
+        return self._abort_by
+
+    def _end_grace_at(self, when: float) -> None:
+        """The grace period ends at event-loop time ``when`` (set by a stop request)."""
+        self._grace_at = when
+        self._grace_moved.set()
+
+    async def _grace_ran_out(self, body: asyncio.Task[None]) -> None:
+        """The grace period ended the run: its body is cancelled (the save in flight aborted). Fine if the
+        final save had committed (only its retention or the replication wait was cut short), else
+        FinalSaveAbortedError. A save whose storage does not answer is not waited for past ``stop_abort_s``:
+        it is left behind, and ``rlckpt gc`` removes what it leaves."""
         assert self._stop is not None, "the grace period is armed by a stop request"
+        body.cancel()
+        left_behind = await self._settle(body, until=self._abort_deadline())
         if not self._final_save_needed():
             logger.warning("the grace period ran out; step %d needs no save", self.state.step)
             return
         last = "none" if self._committed_step is None else f"step {self._committed_step}"
+        aborted = (
+            f"its save was abandoned, its store not answering within {self.config.stop_abort_s:.0f}s (nothing of it "
+            "is committed; `rlckpt gc` removes what it wrote)"
+            if left_behind
+            else "its save was aborted (nothing of it is committed)"
+        )
         raise FinalSaveAbortedError(
             f"{self._stop.reason}: step {self.state.step} was not saved within the {self._stop.grace_s:.0f}s grace "
-            f"period; its save was aborted (nothing of it is committed) and the newest bundle is {last}",
+            f"period; {aborted} and the newest bundle is {last}",
             reason=self._stop.reason,
             last_committed_step=self._committed_step,
         )
+
+    async def _settle(self, *tasks: asyncio.Future[Any] | None, until: float | None = None) -> list[str]:
+        """Wait for ``tasks`` (cancelled by the caller) to end, but not past event-loop time ``until``
+        (default: ``stop_abort_s`` from now; ``math.inf``: until they end): a task whose thread waits on
+        storage that does not answer is left behind, to end with the process. The names of those."""
+        loop = asyncio.get_running_loop()
+        waiting = [task for task in tasks if task is not None and not task.done()]
+        if waiting:
+            until = loop.time() + self.config.stop_abort_s if until is None else until
+            await asyncio.wait(waiting, timeout=None if until == math.inf else max(0.0, until - loop.time()))
+        for task in tasks:
+            if task is not None and task.done() and not task.cancelled():
+                task.exception()  # retrieved: the outcome that matters is raised elsewhere
+        left = [
+            task.get_name() if isinstance(task, asyncio.Task) else repr(task) for task in waiting if not task.done()
+        ]
+        if left:
+            logger.warning(
+                "stopping: %s did not end within %.0fs; left behind", ", ".join(left), self.config.stop_abort_s
+            )
+        return left
 
     def _final_save_needed(self) -> bool:
         """The step reached is not committed yet and is not step 0 (a fresh start is the same)."""
@@ -583,14 +665,15 @@ class ControllerLoop:
         if failure is not None:
             raise failure
 
-    async def _abort_save_in_flight(self) -> None:
+    async def _abort_save_in_flight(self, until: float | None = None) -> None:
         """The run stops early (failure, cancel, SIGTERM): the save in flight is cancelled, which aborts
-        its transaction — nothing is committed and the newest committed bundle stays the resume point."""
+        its transaction — nothing is committed and the newest committed bundle stays the resume point.
+        Waited for until event-loop time ``until`` at most (default ``stop_abort_s``: its store may not answer)."""
         task, self._save_in_flight, self._save_in_flight_step = self._save_in_flight, None, None
         if task is not None and not task.done():
             logger.warning("run stopping with a save in flight: aborting it (nothing of it is committed)")
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await self._settle(task, until=until)
 
     def _save_failed(self, step: int, exc: BaseException) -> dict[str, Any]:
         """``--save-failure stop`` raises SaveFailedError; ``continue`` reports it and goes on."""

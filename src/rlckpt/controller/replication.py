@@ -1,13 +1,17 @@
 """The replication worker of a two-tier run (docs/tiers.md): a Ray actor of its own that runs
-tiers.BundleReplicator, so copying a bundle to the remote tier never runs on the controller actor's event
-loop, which pumps training and rollouts. The controller's ReplicationQueue awaits it."""
+tiers.BundleReplicator, so copying a bundle to the remote tier, and reading what it holds, never runs on
+the controller actor's event loop, which pumps training and rollouts. The controller's ReplicationQueue
+awaits it."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from rlckpt.controller.config import TrainConfig
-from rlckpt.tiers import BundleReplicator, ReplicationReport
+from rlckpt.tiers import BundleReplicator, ReplicaState, ReplicationReport
+
+T = TypeVar("T")
 
 
 class RayReplicator:
@@ -17,8 +21,26 @@ class RayReplicator:
         self.actor = actor
 
     async def replicate(self, step: int) -> ReplicationReport:
-        report: ReplicationReport = await self.actor.replicate.remote(step)
+        report: ReplicationReport = await _unwrapped(self.actor.replicate.remote(step))
         return report
+
+    async def survey(self) -> ReplicaState:
+        state: ReplicaState = await _unwrapped(self.actor.survey.remote())
+        return state
+
+
+async def _unwrapped(call: Awaitable[T]) -> T:
+    """The actor call's result; what the actor raised is raised as itself, not as Ray's RayTaskError (whose
+    text is the whole remote traceback, with the terminal's colour codes)."""
+    import ray.exceptions
+
+    try:
+        return await call
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, Exception):
+            raise cause from None
+        raise
 
 
 def start_ray_replicator(config: TrainConfig) -> RayReplicator | None:

@@ -30,10 +30,10 @@ from rlckpt.controller.handles import GeneratorHandle
 from rlckpt.controller.loop import GenerateHook, RunSummary
 from rlckpt.controller.loop_state import LOADER_STATE_FORMATS, LoopState
 from rlckpt.controller.replication import start_ray_replicator
-from rlckpt.controller.stopping import StopRequest
+from rlckpt.controller.stopping import ABORT_WAIT_S, DRIVER_WAIT_S, StopOutcome, StopRequest
 from rlckpt.controller.trainer_rank import SavePlannerFactory
 from rlckpt.controller.trainer_side import TrainerSide
-from rlckpt.errors import CheckpointError
+from rlckpt.errors import CheckpointError, FinalSaveAbortedError
 from rlckpt.grpo import DigitSumTask, PromptLoader, make_generation_actor
 from rlckpt.store import BundleStore
 from rlckpt.tiers import one_run
@@ -41,7 +41,8 @@ from rlckpt.tiers import one_run
 logger = logging.getLogger(__name__)
 
 EVENT_POLL_S = 0.5  # how often the driver forwards the actor's progress events
-STOP_TIMEOUT_S = 30.0  # how long an interrupted run may take to abort its save in flight
+RPC_WAIT_S = 5.0  # how long the driver waits for a call to the actor that must answer at once
+STOP_TIMEOUT_S = ABORT_WAIT_S + RPC_WAIT_S  # how long an interrupted run may take to abort its save in flight
 
 
 @dataclass
@@ -53,6 +54,13 @@ class SingleController:
     store: BundleStore
     restored: RestoredRun | None
     extra_actors: list[Any] = field(default_factory=list)
+    give_up_after_s: float = DRIVER_WAIT_S  # past a stop's grace: the driver stops waiting for the actor
+    last_committed_step: int | None = None  # the resume point as the run's events tell it
+    _stopped: StopOutcome | None = None
+
+    def __post_init__(self) -> None:
+        if self.restored is not None:
+            self.last_committed_step = self.restored.step
 
     def run(
         self,
@@ -62,37 +70,72 @@ class SingleController:
         """Run the actor to completion, forwarding its progress events; re-raises its failure.
 
         ``stop_request`` is polled with the events: once it returns a request (the CLI's first SIGTERM)
-        the controller is asked to save and stop, and ``on_event`` gets ``{"event": "stop_requested"}``."""
+        the controller is asked to save and stop, and ``on_event`` gets ``{"event": "stop_requested"}``.
+        No call waits on the actor: if it has not ended ``give_up_after_s`` after the stop's grace
+        period (its loop blocked, its process gone), FinalSaveAbortedError names the newest step its
+        events reported committed. A KeyboardInterrupt (Ctrl-C, a SIGTERM that stops at once) stops
+        the run at once (``stop_at_once``) and is re-raised."""
         import ray
 
         ref = self.actor.run.remote()
-        forwarded = False
+        events = self.actor.drain_events.remote()
+        give_up_at: float | None = None
+        request: StopRequest | None = None
         try:
             while True:
                 ready, _ = ray.wait([ref], timeout=EVENT_POLL_S)
-                request = None if forwarded or stop_request is None else stop_request()
-                if request is not None:
-                    ray.get(self.actor.request_stop.remote(request))
-                    forwarded = True
-                    if on_event:
-                        on_event({"event": "stop_requested", "reason": request.reason, "grace_s": request.grace_s})
-                for event in ray.get(self.actor.drain_events.remote()):
-                    if on_event:
-                        on_event(event)
+                if request is None and stop_request is not None and (request := stop_request()) is not None:
+                    self.actor.request_stop.remote(request)  # not waited for: the actor answers when it can
+                    give_up_at = time.monotonic() + request.grace_s + self.give_up_after_s
+                    self._forward(
+                        {"event": "stop_requested", "reason": request.reason, "grace_s": request.grace_s}, on_event
+                    )
+                if ray.wait([events], timeout=0)[0]:
+                    for event in ray.get(events):
+                        self._forward(event, on_event)
+                    events = self.actor.drain_events.remote()
                 if ready:
+                    for pending in (events, self.actor.drain_events.remote()):  # the last ones
+                        for event in ray.get(pending, timeout=RPC_WAIT_S):
+                            self._forward(event, on_event)
                     return RunSummary(**ray.get(ref))
+                if give_up_at is not None and request is not None and time.monotonic() > give_up_at:
+                    raise self._gave_up(request)
         except KeyboardInterrupt:  # Ctrl-C or a SIGTERM that stops at once: abort a save in flight cleanly
-            self._stop_actor()
+            self.stop_at_once()
             raise
 
-    def _stop_actor(self) -> None:
+    def _forward(self, event: dict[str, Any], on_event: Callable[[dict[str, Any]], None] | None) -> None:
+        if "saved" in event:
+            self.last_committed_step = event["saved"]
+        if on_event:
+            on_event(event)
+
+    def _gave_up(self, request: StopRequest) -> FinalSaveAbortedError:
+        last = "none" if self.last_committed_step is None else f"step {self.last_committed_step}"
+        logger.error("the controller did not end its stop within its grace period + %.0fs", self.give_up_after_s)
+        return FinalSaveAbortedError(
+            f"{request.reason}: the run did not end within its {request.grace_s:.0f}s grace period + "
+            f"{self.give_up_after_s:.0f}s; it was stopped without its final save and the newest bundle is {last}",
+            reason=request.reason,
+            last_committed_step=self.last_committed_step,
+        )
+
+    def stop_at_once(self) -> StopOutcome:
+        """Cancel the run (a save in flight is aborted) and say what it leaves, as the actor tells it (at
+        most STOP_TIMEOUT_S); asked again, the same answer. An actor that does not answer leaves the step
+        reached unknown (``step`` None)."""
         import ray
 
-        try:
-            if ray.get(self.actor.stop.remote(), timeout=STOP_TIMEOUT_S):
-                logger.info("controller stopped; a save in flight (if any) was aborted")
-        except Exception as exc:  # the actor is killed next anyway; gc removes what an abort could not
-            logger.warning("controller did not stop cleanly within %.0fs: %s", STOP_TIMEOUT_S, exc)
+        if self._stopped is None:
+            try:
+                left = ray.get(self.actor.stop.remote(), timeout=STOP_TIMEOUT_S)
+                self._stopped = StopOutcome(step=left["step"], last_committed_step=left["last_committed_step"])
+                logger.info("controller stopped at step %s; a save in flight (if any) was aborted", left["step"])
+            except Exception as exc:  # the actor is killed next anyway; gc removes what an abort could not
+                logger.warning("controller did not stop cleanly within %.0fs: %s", STOP_TIMEOUT_S, exc)
+                self._stopped = StopOutcome(step=None, last_committed_step=self.last_committed_step)
+        return self._stopped
 
     def shutdown(self) -> None:
         """Stop the actors, then the trainer side (its ranks and TransferQueue)."""

@@ -7,6 +7,11 @@ aborts the final save cleanly when it runs out.
 
 ``DeadlinePlan`` is the deadline's arithmetic (``--save-by``): the run stops once the time left is
 no more than another step plus the saves still to come, estimated from this run's own saves.
+
+The grace period is a bound whatever storage does: work a stop cancels (a save whose thread waits on a
+store that does not answer) is waited for ``ABORT_WAIT_S`` at most and then left behind; the driver
+stops waiting for the controller ``DRIVER_WAIT_S`` after the grace; and the whole stop, its shutdown of
+the actors, TransferQueue and Ray included, ends within ``STOP_MARGIN_S`` after it.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ StopReason = Literal["completed", "preempted", "deadline"]
 EarlyStop = Literal["preempted", "deadline"]
 
 RECENT_SAVES = 3  # the estimate of the next save is the longest of this run's last few
+ABORT_WAIT_S = 5.0  # how long a stop waits for the work it cancelled before leaving it behind
+DRIVER_WAIT_S = ABORT_WAIT_S + 5.0  # beyond the grace: the driver gives up on the controller
+STOP_MARGIN_S = 30.0  # beyond the grace: the bound on a whole stop, shutdown included (docs/cli.md)
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,20 @@ class StopRequest:
     def later(self, elapsed_s: float) -> StopRequest:
         """The same request ``elapsed_s`` seconds after it was received: that much less grace."""
         return dataclasses.replace(self, grace_s=max(0.0, self.grace_s - elapsed_s))
+
+
+@dataclass(frozen=True)
+class StopOutcome:
+    """What a run that was stopped at once leaves: the step it had reached and its newest committed step
+    (``step`` None: the controller did not say, or had not started training)."""
+
+    step: int | None
+    last_committed_step: int | None
+
+    @property
+    def lost_nothing(self) -> bool:
+        """The step reached is committed, or nothing was trained: a resume goes on where the run stopped."""
+        return self.step is not None and (self.step == 0 or self.step == self.last_committed_step)
 
 
 class SaveTimes:

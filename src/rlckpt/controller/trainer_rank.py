@@ -189,7 +189,9 @@ class TrainerRank:
         world size), or a whole policy in one file (run formats 1-2), which every rank reads whole and
         keeps its shard of. Returns the loaded weight version. With the location's verify key the rank opens
         only a bundle that key signed for the run, as the driver did (the bundle is read again here)."""
-        store = BundleStore(location.url, location.storage_options, verify_key=location.verify_key)
+        store = BundleStore(
+            location.url, location.storage_options, verify_key=location.verify_key, run_id=location.run_id
+        )
         origin = f"step {location.step} at {location.url} ({location.prefix})"
         try:
             if location.form == POLICY_WHOLE:

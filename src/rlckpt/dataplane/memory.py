@@ -23,6 +23,7 @@ from rlckpt.dataplane.fields import (
     densify,
 )
 from rlckpt.errors import DataPlaneError, MissingSamplesError, RestoreRefusedError
+from rlckpt.formats import load_json
 from rlckpt.safeload import load_torch_bytes
 
 _ROWS_FILE = "memory_rows.pt"
@@ -153,7 +154,7 @@ class InMemoryDataPlane(DataPlaneClient):
                 f"{sorted(self.store.rows)[:10]} (another client wrote before the restore)"
             )
         with self._guard.loading(str(local_dir)):
-            meta = json.loads((local_dir / SNAPSHOT_METADATA_FILE).read_text())
+            meta = load_json((local_dir / SNAPSHOT_METADATA_FILE).read_bytes(), SNAPSHOT_METADATA_FILE)
             state = load_torch_bytes((local_dir / _ROWS_FILE).read_bytes(), str(local_dir / _ROWS_FILE))
             self.store.rows = state["rows"]
             self.store.tags = state["tags"]

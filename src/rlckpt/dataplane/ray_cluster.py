@@ -3,17 +3,29 @@
 Every caller (main job, tests, benchmarks) uses this so a run never attaches to another user's
 cluster (``address="local"``), stays on 127.0.0.1, and keeps its sockets and logs in a temp dir
 the caller owns. docs/dataplane.md (Ray) says why each setting is there.
+
+SIGTERM is the caller's (docs/architecture.md, Stopping): every process of a private cluster starts
+with SIGTERM blocked, as Ray's own children start with SIGINT blocked, so a job-wide SIGTERM (Slurm
+signals every process of the job) reaches only the driver, which drives the stop; and the handler
+``ray.init`` installs in the caller (``sys.exit(15)``) is replaced by the caller's own again. The
+cluster dies with the driver, however the driver ends: a reaper (``cluster_reaper``) kills what
+``ray.shutdown`` or a SIGKILL of the driver leaves behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
+import threading
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlckpt.dataplane import cluster_reaper
 from rlckpt.errors import ClusterConfigError, ClusterUnavailableError
 
 logger = logging.getLogger(__name__)
@@ -40,6 +52,39 @@ _MAX_TEMP_DIR_LEN = 60
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
 # How much of a gRPC or Ray error a refusal quotes (its first line).
 _CAUSE_CHARS = 200
+_reaper: cluster_reaper.ClusterReaper | None = None  # the private cluster this process started, if any
+
+
+@contextlib.contextmanager
+def _cluster_marked(temp_dir: Path) -> Iterator[None]:
+    """``CLUSTER_ENV`` set while Ray starts its processes (the raylet passes it on to every worker it starts
+    later), and only then: other programs this process starts are not the cluster's."""
+    before = os.environ.get(cluster_reaper.CLUSTER_ENV)
+    os.environ[cluster_reaper.CLUSTER_ENV] = str(temp_dir)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(cluster_reaper.CLUSTER_ENV, None)
+        else:
+            os.environ[cluster_reaper.CLUSTER_ENV] = before
+
+
+@contextlib.contextmanager
+def _sigterm_left_to_caller() -> Iterator[None]:
+    """SIGTERM blocked while Ray starts: every process started meanwhile inherits the block (the kernel
+    keeps a blocked signal pending, never delivered), and so do the workers the raylet starts later.
+    The caller's SIGTERM handler is put back over the one ``ray.init`` installs, and a SIGTERM that came
+    meanwhile is delivered to it when the block ends."""
+    in_main = threading.current_thread() is threading.main_thread()  # where handlers can be set
+    previous = signal.getsignal(signal.SIGTERM) if in_main else None
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 @dataclass(frozen=True)
@@ -55,9 +100,12 @@ def start_local_ray(
     *,
     num_cpus: int = DEFAULT_NUM_CPUS,
     log_to_driver: bool = False,
+    remove_temp_dir: bool = False,
 ) -> LocalRayCluster:
     """Start a new local Ray cluster on loopback in ``temp_dir`` and connect this process to it.
 
+    Its processes leave SIGTERM to this one, and its reaper kills them when this process ends or calls
+    ``stop_local_ray`` (module doc); with ``remove_temp_dir`` the reaper then removes ``temp_dir`` too.
     Refuses when this process is already connected to a Ray cluster: a second ``ray.init`` would
     either fail or silently reuse it.
     """
@@ -73,14 +121,21 @@ def start_local_ray(
     if ray.is_initialized():
         raise RuntimeError("start_local_ray: this process is already connected to a Ray cluster")
     logger.info("starting local Ray cluster in %s (num_cpus=%d)", temp_dir, num_cpus)
-    context: Any = ray.init(  # a RayContext; its address_info is not in the type stubs
-        address="local",
-        num_cpus=num_cpus,
-        _node_ip_address="127.0.0.1",
-        include_dashboard=False,
-        _temp_dir=str(temp_dir),
-        log_to_driver=log_to_driver,
-    )
+    global _reaper
+    with _sigterm_left_to_caller(), _cluster_marked(temp_dir):
+        _reaper = cluster_reaper.ClusterReaper(temp_dir, remove_dir=remove_temp_dir)
+        try:
+            context: Any = ray.init(  # a RayContext; its address_info is not in the type stubs
+                address="local",
+                num_cpus=num_cpus,
+                _node_ip_address="127.0.0.1",
+                include_dashboard=False,
+                _temp_dir=str(temp_dir),
+                log_to_driver=log_to_driver,
+            )
+        except BaseException:
+            stop_local_ray()  # whatever part of a cluster ray.init started before it failed
+            raise
     return LocalRayCluster(temp_dir=temp_dir, address=str(context.address_info.get("gcs_address", "")))
 
 
@@ -121,7 +176,8 @@ def connect_ray(address: str, *, timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S, l
     _probe_gcs(address, timeout_s)
     node_ip = "127.0.0.1" if host in ("127.0.0.1", "localhost") else None  # a loopback cluster: stay on it
     try:
-        ray.init(address=address, include_dashboard=False, log_to_driver=log_to_driver, _node_ip_address=node_ip)
+        with _sigterm_left_to_caller():
+            ray.init(address=address, include_dashboard=False, log_to_driver=log_to_driver, _node_ip_address=node_ip)
     except Exception as exc:  # Ray raises ConnectionError, RuntimeError, ValueError ... with pages of advice
         raise ClusterUnavailableError(f"joining the Ray cluster at {address} failed: {_first_line(exc)}") from exc
 
@@ -166,9 +222,32 @@ def _first_line(exc: BaseException | str) -> str:
 
 
 def stop_local_ray() -> None:
-    """Disconnect, stopping the cluster if this process started it (no-op when not connected)."""
+    """Disconnect, stopping the cluster if this process started it: every process of it, the ones
+    ``ray.shutdown`` leaves included (no-op when not connected and no cluster is left)."""
     import ray
 
+    global _reaper
     if ray.is_initialized():
+        _skip_graceful_kills()
         ray.shutdown()
         logger.info("local Ray cluster stopped")
+    reaper, _reaper = _reaper, None
+    if reaper is not None:
+        reaper.reap()
+
+
+def _skip_graceful_kills() -> None:
+    """``ray.shutdown`` stops each process it started with SIGTERM, waits a second, then SIGKILLs it. The
+    processes of a private cluster have SIGTERM blocked, so that second is lost five times over: go
+    straight to the kill (Ray's own ``allow_graceful=False``) on the node object Ray keeps for them."""
+    import ray._private.worker as ray_worker  # Ray's handle on the processes it started; not a public API
+
+    node = getattr(ray_worker, "_global_node", None)
+    kill_all = getattr(node, "kill_all_processes", None)
+    if _reaper is None or kill_all is None:  # a joined cluster, or a Ray without it: Ray's own way
+        return
+
+    def kill_at_once(**kwargs: Any) -> None:
+        kill_all(**{**kwargs, "allow_graceful": False})
+
+    node.kill_all_processes = kill_at_once  # type: ignore[union-attr]

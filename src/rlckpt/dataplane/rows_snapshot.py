@@ -25,7 +25,7 @@ from rlckpt.dataplane.base import SNAPSHOT_METADATA_FILE, DataPlaneClient
 from rlckpt.dataplane.snapshot_metadata import read_snapshot_document
 from rlckpt.dataplane.snapshot_records import DTYPE_NAMES, ROWS_FORMAT, ROWS_HEADER, ROWS_MARKER, ROWS_SECTION
 from rlckpt.errors import DataPlaneError, RestoreRefusedError
-from rlckpt.formats import read_format
+from rlckpt.formats import load_json, read_format
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +84,8 @@ def _read_header(head: bytes, file_size: int, where: str) -> tuple[dict[str, Any
     if magic != MAGIC or head_len > min(MAX_HEADER_BYTES, file_size - _HEADER.size, len(head) - _HEADER.size):
         raise DataPlaneError(f"{where}: not a rows file (magic {magic!r}, header {head_len} bytes)")
     try:
-        header = json.loads(head[_HEADER.size : _HEADER.size + head_len])
-    except (ValueError, RecursionError) as exc:
+        header = load_json(head[_HEADER.size : _HEADER.size + head_len], "rows header")
+    except ValueError as exc:
         raise DataPlaneError(f"{where}: unreadable rows header: {exc}") from exc
     read_format((ROWS_HEADER,), header, where)
     payload_size = file_size - _HEADER.size - head_len
@@ -156,7 +156,7 @@ def rows_metadata(partition_id: str, files: Sequence[str], user_metadata: Mappin
 def is_rows_snapshot(local_dir: str | Path) -> bool:
     """Whether the snapshot in `local_dir` is a rows snapshot (else TransferQueue's own)."""
     try:
-        document = json.loads((Path(local_dir) / SNAPSHOT_METADATA_FILE).read_text())
+        document = load_json((Path(local_dir) / SNAPSHOT_METADATA_FILE).read_bytes(), SNAPSHOT_METADATA_FILE)
     except (OSError, ValueError):
         return False
     return isinstance(document, dict) and ROWS_MARKER in document

@@ -16,6 +16,7 @@ from typing import Any
 from rlckpt.dataplane.base import SNAPSHOT_METADATA_FILE
 from rlckpt.dataplane.snapshot_records import SNAPSHOT_METADATA
 from rlckpt.errors import DataPlaneError
+from rlckpt.formats import load_json
 
 
 def read_snapshot_document(local_dir: str | Path) -> dict[str, Any]:
@@ -26,7 +27,7 @@ def read_snapshot_document(local_dir: str | Path) -> dict[str, Any]:
     """
     path = Path(local_dir) / SNAPSHOT_METADATA_FILE
     try:
-        document = json.loads(path.read_text())
+        document = load_json(path.read_bytes(), SNAPSHOT_METADATA_FILE)
     except (OSError, ValueError) as exc:
         raise DataPlaneError(f"{path}: not a data-plane snapshot's metadata ({type(exc).__name__}: {exc})") from exc
     SNAPSHOT_METADATA.check(document, str(path))
@@ -45,7 +46,7 @@ def update_snapshot_metadata(local_dir: str | Path, extra: Mapping[str, Any]) ->
     """Merge ``extra`` into the user metadata of a staged snapshot (atomic replace of the file)."""
     path = Path(local_dir) / SNAPSHOT_METADATA_FILE
     try:
-        document = json.loads(path.read_text())
+        document = load_json(path.read_bytes(), SNAPSHOT_METADATA_FILE)
         document["user_metadata"] = {**document["user_metadata"], **extra}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DataPlaneError(f"{path}: cannot update the snapshot's metadata ({type(exc).__name__}: {exc})") from exc

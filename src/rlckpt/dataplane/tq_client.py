@@ -8,7 +8,6 @@ TQ's sync API runs in worker threads (``run_blocking``) so the caller's event lo
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import tempfile
@@ -25,6 +24,7 @@ from rlckpt.dataplane.row_parser import PARSERS
 from rlckpt.dataplane.threads import run_blocking
 from rlckpt.dataplane.tq_snapshot_check import vetted_copy
 from rlckpt.errors import DataPlaneError, MissingSamplesError, RestoreRefusedError
+from rlckpt.formats import load_json
 
 logger = logging.getLogger(__name__)
 
@@ -265,7 +265,7 @@ class TransferQueueClient(DataPlaneClient):
         try:
             await run_blocking(vetted_copy, local_dir, vetted)
             with self._guard.loading(str(local_dir)):
-                meta = json.loads((vetted / SNAPSHOT_METADATA_FILE).read_text())
+                meta = load_json((vetted / SNAPSHOT_METADATA_FILE).read_bytes(), SNAPSHOT_METADATA_FILE)
                 await run_blocking(tq.load_checkpoint, vetted)
         finally:
             shutil.rmtree(vetted, ignore_errors=True)

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from rlckpt.errors import DataPlaneError, UnsafeContentError
+from rlckpt.formats import load_json
 from rlckpt.safeload import TENSORS, Allowlist, load_storage_bytes, restricted_loads
 
 # TQ's own names for the files of its snapshot (transfer_queue.interface, its simple_storage_manager);
@@ -86,7 +87,7 @@ def _vetted_pickle(source: Path, dest: Path) -> Any:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(_read(path))
+        return load_json(_read(path), path.name)
     except ValueError as exc:
         raise UnsafeContentError(f"{path}: not JSON, as this file of a TransferQueue snapshot must be: {exc}") from exc
 

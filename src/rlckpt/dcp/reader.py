@@ -334,6 +334,7 @@ class BundleStorageReader(FileSystemReader):
         fetch_workers: int = 2,
         spool_dir: str | os.PathLike[str] | None = None,
         verify_key: VerifyKey | str | os.PathLike[str] | None = None,
+        run_id: str | None = None,
     ) -> None:
         """Open the bundle and read its `.metadata` (digest-checked) now, once for this reader.
 
@@ -349,6 +350,8 @@ class BundleStorageReader(FileSystemReader):
             verify_key: a VerifyKey (or its file) for a URL source: the bundle must be one it signed for
                 the run. A BundleStore or Bundle source was opened with its own key (or none): passing one
                 here as well is refused rather than ignored.
+            run_id: with `verify_key`, the run the bundle must be signed for (the pin of docs/security.md),
+                whatever the run's `_run.json` says.
         Raises:
             UncommittedBundleError: the step is not committed, or (step=None) no step is.
             UnsignedBundleError, BadSignatureError: with `verify_key`, the step is not a bundle it signed
@@ -365,10 +368,10 @@ class BundleStorageReader(FileSystemReader):
         self.spool_dir = None if spool_dir is None else os.fspath(spool_dir)
         self._metadata_relpath = join_relpath(self.prefix, METADATA_NAME)
         self._store: BundleStore | None = None
-        if verify_key is not None and isinstance(source, (Bundle, BundleStore)):
+        if (verify_key is not None or run_id is not None) and isinstance(source, (Bundle, BundleStore)):
             raise ShardedCheckpointError(
-                f"verify_key goes with a run URL; the {type(source).__name__} given was opened with its own "
-                "(pass verify_key to the BundleStore)"
+                f"verify_key and run_id go with a run URL; the {type(source).__name__} given was opened with "
+                "its own (pass them to the BundleStore)"
             )
         if isinstance(source, Bundle):
             if step is not None and step != source.step:
@@ -378,7 +381,7 @@ class BundleStorageReader(FileSystemReader):
             self._store = (
                 source
                 if isinstance(source, BundleStore)
-                else BundleStore(source, storage_options, verify_key=verify_key)
+                else BundleStore(source, storage_options, verify_key=verify_key, run_id=run_id)
             )
             bundle = self._open(step)
         super().__init__(self.prefix)

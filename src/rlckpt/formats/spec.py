@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlckpt.formats.json_text import QUOTED_CHARS, quoted
+
 
 class MapKey(str):
     """A key of a map (a name the writer chose): always shown in brackets, never as a declared field."""
@@ -63,18 +65,18 @@ def type_name(value: Any) -> str:
 
 def field_path(parent: str, key: Any) -> str:
     """``groups[3]`` + ``target_step`` → ``groups[3].target_step``; a map key, or a key that is not a
-    name, in brackets."""
+    short name, in brackets, quoted short (``quoted``): a key is whatever the record's writer chose."""
     if isinstance(key, int) and not isinstance(key, bool):
         return f"{parent}[{key}]"
-    if type(key) is str and key.isidentifier():
+    if type(key) is str and key.isidentifier() and len(key) <= QUOTED_CHARS:
         return f"{parent}.{key}" if parent else key
-    return f"{parent}[{str.__repr__(key) if isinstance(key, str) else repr(key):.80}]"
+    return f"{parent}[{quoted(str(key) if isinstance(key, str) else key)}]"
 
 
 def _shown(value: Any) -> str:
     """A plain scalar as it is (short), anything else by its type."""
-    if value is None or type(value) in (bool, int, float) or (type(value) is str and len(value) <= 80):
-        return repr(value)
+    if value is None or type(value) in (bool, int, float) or (type(value) is str and len(value) <= QUOTED_CHARS):
+        return quoted(value)
     return type_name(value)
 
 
@@ -236,7 +238,7 @@ class ListOf(Kind):
         identity = self.item.identity if isinstance(self.item, Obj) else None
         name = item.get(identity) if identity is not None and type(item) is dict else None
         if refusal.steps and type(name) is str:
-            refusal.problem += f" (in the {self.item.describe().removesuffix(' object')} {name!r:.80})"
+            refusal.problem += f" (in the {self.item.describe().removesuffix(' object')} {quoted(name)})"
 
     def objects(self) -> Iterator[tuple[str, Obj]]:
         for suffix, obj in self.item.objects():

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import rlckpt
+from rlckpt.formats.json_text import quoted
 from rlckpt.formats.spec import Record, type_name
 
 
@@ -57,8 +58,8 @@ def read_format(formats: Sequence[Record], value: Any, where: str = "") -> Recor
     this = f"this one ({rlckpt.__version__}) reads {readable(formats)}"
     if type(number) is int and number > newest:
         raise today.error(f"{_where(where)}{today.name}: {key} {number} was written by a newer rlckpt; {this}")
-    shown = repr(number) if type(number) in (int, str, float, bool) or number is None else type_name(number)
-    raise today.error(f"{_where(where)}{today.name}: {key} {shown:.80} is not a format rlckpt wrote; {this}")
+    shown = quoted(number) if type(number) in (int, str, float, bool) or number is None else type_name(number)
+    raise today.error(f"{_where(where)}{today.name}: {key} {shown} is not a format rlckpt wrote; {this}")
 
 
 def _where(where: str) -> str:

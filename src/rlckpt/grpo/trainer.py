@@ -20,6 +20,7 @@ from typing import IO, Any
 import torch
 
 from rlckpt.errors import TrainerStateError
+from rlckpt.formats import load_json
 from rlckpt.grpo.batch import TrainBatch
 from rlckpt.grpo.determinism import torch_threads
 from rlckpt.grpo.policy import PolicyConfig, build_policy
@@ -171,7 +172,7 @@ class Trainer:
         state = self.checkpoint_state()
         try:
             dcp.load(state, storage_reader=storage_reader, process_group=process_group)
-            record = json.loads(state["trainer"])
+            record = load_json(state["trainer"], "the trainer record")
         except (Exception, CheckpointException) as exc:  # CheckpointException is a BaseException
             raise TrainerStateError(
                 f"trainer state {origin} does not load into this trainer: {checkpoint_failure(exc)}"

@@ -8,14 +8,20 @@ these (docs/security.md lists each place):
 - `load_torch_bytes`: a torch.save archive whose pickle names only allowed globals (scanned from its
   opcodes first), then loaded with `torch.load(weights_only=True)`;
 - `load_storage_bytes`: a tensor storage a plain pickle carries (torch's legacy format), the same way;
-- `check_pickle_globals`: the scan alone.
+- `check_pickle_globals`: the scan alone; `check_torch_bytes`: `load_torch_bytes`'s checks alone (for writers).
 
 Imports torch; the store (rlckpt.store) does not import this package.
 """
 
 from .allowlists import TENSORS, TORCH_VALUES
 from .pickle_scan import PickleGlobal, UnreadablePickle, pickle_globals
-from .torch_bytes import check_pickle_globals, load_storage_bytes, load_torch_bytes, save_torch_bytes
+from .torch_bytes import (
+    check_pickle_globals,
+    check_torch_bytes,
+    load_storage_bytes,
+    load_torch_bytes,
+    save_torch_bytes,
+)
 from .unpickler import Allowlist, AllowlistUnpickler, restricted_loads
 
 __all__ = [
@@ -26,6 +32,7 @@ __all__ = [
     "PickleGlobal",
     "UnreadablePickle",
     "check_pickle_globals",
+    "check_torch_bytes",
     "load_storage_bytes",
     "load_torch_bytes",
     "pickle_globals",

@@ -60,6 +60,21 @@ def load_torch_bytes(data: bytes, origin: str, allowed: Collection[tuple[str, st
     Raises:
         UnsafeContentError: not a torch.save archive, a global outside `allowed`, or refused by torch.
     """
+    check_torch_bytes(data, origin, allowed)
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises several unrelated types for bad input
+        raise UnsafeContentError(f"{origin}: refused by torch's weights-only unpickler: {exc}") from exc
+
+
+def check_torch_bytes(data: bytes, origin: str, allowed: Collection[tuple[str, str]] = TENSORS.keys()) -> None:
+    """The checks `load_torch_bytes` makes before it loads anything: a torch.save zip archive whose pickle
+    names only `allowed` globals. A writer runs them on what it is about to save, so that what no reader
+    would load is refused at the save (rlckpt.checkpointer's extra pieces).
+
+    Raises:
+        UnsafeContentError: not a torch.save archive, or a global outside `allowed` (named).
+    """
     if data[: len(ZIP_MAGIC)] != ZIP_MAGIC:
         raise UnsafeContentError(
             f"{origin}: refused to load: not a torch.save archive (starts {bytes(data[:8])!r}); "
@@ -70,10 +85,6 @@ def load_torch_bytes(data: bytes, origin: str, allowed: Collection[tuple[str, st
     except Exception as exc:  # torch raises RuntimeError with the reader's message
         raise UnsafeContentError(f"{origin}: refused to load: not a readable torch.save archive ({exc})") from exc
     check_pickle_globals(pickled, allowed, origin)
-    try:
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises several unrelated types for bad input
-        raise UnsafeContentError(f"{origin}: refused by torch's weights-only unpickler: {exc}") from exc
 
 
 def load_storage_bytes(data: bytes, origin: str) -> torch.storage.TypedStorage | torch.storage.UntypedStorage:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from rlckpt.errors import (
     BadSignatureError,
     CorruptBundleError,
+    NewerFormatError,
     UncommittedBundleError,
     UnsafeObjectError,
     UnsignedBundleError,
@@ -29,13 +30,15 @@ from .signing import VerifyKey, bundle_message
 
 @dataclass(frozen=True)
 class Trust:
-    """What a reader with a verify key accepts: bundles signed by `key` for the run whose record names
-    `run_id`. `run_id` is None when the run has no readable record (`run_problem` says why): then no
-    signed bundle can be shown to be this run's, and none is accepted."""
+    """What a reader with a verify key accepts: bundles signed by `key` for run `run_id` — the reader's own
+    pin when `pinned`, else the id the run's record names. `run_id` is None when the run has no readable
+    record and no pin (`run_problem` says why): then no signed bundle can be shown to be this run's, and
+    none is accepted."""
 
     key: VerifyKey
     run_id: str | None
     run_problem: str = ""
+    pinned: bool = False
 
 
 @dataclass(frozen=True)
@@ -48,12 +51,14 @@ class CheckedCommit:
 
 @dataclass(frozen=True)
 class CommitRecords:
-    """A committed bundle's COMMIT and manifest.json exactly as stored, and the manifest they passed the
-    commit check as: what a replica publishes verbatim (replica.py), digests and signatures untouched."""
+    """A committed bundle's COMMIT and manifest.json exactly as stored, and the records they passed the
+    commit check as: what a replica publishes verbatim (replica.py), digests and signatures untouched, and
+    what tells two copies of a step apart (the run and the manifest digest COMMIT names: tiers/holds.py)."""
 
     marker: bytes
     manifest_bytes: bytes
     manifest: Manifest
+    commit: CommitMarker
 
 
 def load_checked_manifest(
@@ -82,7 +87,7 @@ def load_checked_records(
     manifest and listing fetched after COMMIT."""
     view, checked = _load(backend, url, step, with_listing, trust)
     assert view.marker is not None and view.manifest is not None, "the commit check passed a view without records"
-    return CommitRecords(view.marker, view.manifest, checked.manifest)
+    return CommitRecords(view.marker, view.manifest, checked.manifest, checked.marker)
 
 
 def _load(
@@ -117,7 +122,7 @@ def check_commit(
         state = "exists without COMMIT (uncommitted)" if backend.exists(step_path) else "does not exist"
         raise UncommittedBundleError(f"{where}: {step_path} {state}")
     if view.manifest is None:
-        _marker(step, view.marker, where)  # a malformed COMMIT is named first
+        _marker(step, view.marker, where, trust)  # a malformed COMMIT is named first
         raise CorruptBundleError(f"{where}: {MANIFEST_NAME} is missing but {COMMIT_NAME} exists")
     checked = check_records(step, view.marker, view.manifest, where, trust)
     if view.listing is not None:
@@ -134,8 +139,9 @@ def check_records(
     not sign is read further), the manifest well-formed (every entry, every path, no clash) and of
     COMMIT's step and txid. The commit runs this very check on the bytes it is about to publish.
     CorruptBundleError names what is wrong (SignatureError: the signature), NewerFormatError a record
-    this rlckpt cannot read."""
-    marker = _marker(step, marker_bytes, where)
+    this rlckpt cannot read. With `trust` the signature decides first: a COMMIT of a format this rlckpt does
+    not read cannot have its signature checked, so it is a bad signature, not a newer bundle."""
+    marker = _marker(step, marker_bytes, where, trust)
     if len(manifest_bytes) > MANIFEST_MAX_BYTES:
         raise CorruptBundleError(
             f"{where}: {MANIFEST_NAME} is {len(manifest_bytes)} bytes, over its cap of {MANIFEST_MAX_BYTES}"
@@ -180,18 +186,31 @@ def check_signature(marker: CommitMarker, trust: Trust, where: str) -> None:
             f"({trust.run_problem})"
         )
     if marker.run != trust.run_id:
+        source = "the run this reader pinned" if trust.pinned else RUN_RECORD_NAME
         raise BadSignatureError(
-            f"{where}: bad signature: signed for another run ({marker.run}); this run is {trust.run_id} "
-            f"({RUN_RECORD_NAME})"
+            f"{where}: bad signature: signed for another run ({marker.run}); this run is {trust.run_id} ({source})"
         )
 
 
-def _marker(step: int, marker_bytes: bytes, where: str) -> CommitMarker:
+def _marker(step: int, marker_bytes: bytes, where: str, trust: Trust | None = None) -> CommitMarker:
+    """COMMIT of `step`, parsed. With `trust`, a format this rlckpt does not read is a BadSignatureError:
+    whoever can write the storage can declare any format, and a signature this rlckpt cannot check proves
+    nothing, so such a bundle is skipped like any other that does not verify instead of stopping a resume
+    as a newer rlckpt's bundle would (docs/security.md)."""
     if len(marker_bytes) > COMMIT_MAX_BYTES:
         raise CorruptBundleError(
             f"{where}: {COMMIT_NAME} is {len(marker_bytes)} bytes, over its cap of {COMMIT_MAX_BYTES}"
         )
-    marker = CommitMarker.from_bytes(marker_bytes, f"{where}: {COMMIT_NAME}")
+    try:
+        marker = CommitMarker.from_bytes(marker_bytes, f"{where}: {COMMIT_NAME}")
+    except NewerFormatError as exc:
+        if trust is None:
+            raise
+        newer = str(exc).removeprefix(f"{where}: {COMMIT_NAME}: ")
+        raise BadSignatureError(
+            f"{where}: bad signature: not checked ({newer}); the verify key {trust.key.key_id} accepts only "
+            "bundles whose signature this rlckpt checked"
+        ) from None
     if marker.step != step:
         raise CorruptBundleError(f"{where}: {COMMIT_NAME} names step {marker.step}, not {step}")
     return marker

@@ -15,6 +15,8 @@ from typing import Protocol, TypeAlias
 
 import blake3
 
+from rlckpt.formats.json_text import quoted
+
 SHA256 = "sha256"
 BLAKE3 = "blake3"
 WRITE_ALGORITHM = BLAKE3  # what this rlckpt writes; every algorithm below is read
@@ -40,7 +42,7 @@ class Hasher(Protocol):
 def check_algorithm(name: object) -> str:
     """`name` if this rlckpt reads digests of that algorithm; ValueError otherwise."""
     if name not in ALGORITHMS:
-        raise ValueError(f"unknown digest algorithm {name!r:.40} (this rlckpt reads {', '.join(ALGORITHMS)})")
+        raise ValueError(f"unknown digest algorithm {quoted(name, 40)} (this rlckpt reads {', '.join(ALGORITHMS)})")
     return name
 
 
@@ -67,7 +69,7 @@ class Digest:
     def __post_init__(self) -> None:
         check_algorithm(self.algorithm)
         if not isinstance(self.hex, str) or _HEX_64.fullmatch(self.hex) is None:
-            raise ValueError(f"not a {self.algorithm} digest (64 lowercase hex digits): {self.hex!r:.80}")
+            raise ValueError(f"not a {self.algorithm} digest (64 lowercase hex digits): {quoted(self.hex)}")
 
     def __str__(self) -> str:
         return f"{self.algorithm}:{self.hex}"

@@ -13,6 +13,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import BinaryIO
 
 from rlckpt.errors import InvalidPathError, LostWriteError, TransactionStateError
+from rlckpt.formats import quoted
 
 from .backends import Backend, PendingWrite
 from .buffers import READ_BUFFERS
@@ -84,10 +85,10 @@ class FileWriter:
         if clash is None:
             return
         if clash.duplicate:
-            raise InvalidPathError(f"{relpath!r} was already written in step {self.step}")
+            raise InvalidPathError(f"{quoted(relpath)} was already written in step {self.step}")
         if relpath.startswith(clash.other + "/"):
-            raise InvalidPathError(f"{relpath!r} lies under {clash.other!r}, a file of step {self.step}")
-        raise InvalidPathError(f"{relpath!r} is a directory of other files in step {self.step}")
+            raise InvalidPathError(f"{quoted(relpath)} lies under {quoted(clash.other)}, a file of step {self.step}")
+        raise InvalidPathError(f"{quoted(relpath)} is a directory of other files in step {self.step}")
 
     def _release(self, relpath: str) -> None:
         """A write of `relpath` that failed or was discarded frees its name (the caller holds the lock)."""

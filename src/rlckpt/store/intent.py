@@ -81,7 +81,10 @@ class Intent:
     def from_bytes(cls, data: bytes) -> Intent:
         """Parse and check against ``INTENT``; ValueError (MalformedRecordError naming the field) on anything
         that is not an intent this version reads."""
-        obj = parse_canonical(data, "intent")
+        try:
+            obj = parse_canonical(data, "intent")
+        except ValueError as exc:  # not JSON, nested too deeply, not canonical: the record's own error
+            raise MalformedRecordError(str(exc)) from None
         read_format(INTENT_FORMATS, obj)
         return cls(
             step=obj["step"],

@@ -6,8 +6,10 @@ URL, unknown or ill-typed storage options — becomes a `StoreConfigError` namin
 instead of whatever fsspec, s3fs or botocore raise (often only at the first request). The root comes
 from `run_url.parse_run_url`, the reading every other user of the URL shares.
 
-`fail_fast=True` gives short-lived interactive tools (the `rlckpt` CLI) a small retry budget on S3;
-the training path keeps botocore's and s3fs's defaults, which ride out longer blips.
+Every S3 call has a deadline: s3fs's timeouts (5 s to connect, 15 s per read) and a bounded number of
+tries (S3_DEADLINES), unless the user set them — the libraries' defaults retry a server that accepts
+connections and never answers for minutes (25 tries), and a run must not wait on a remote that long.
+`fail_fast=True` (the `rlckpt` CLI: someone waits at a terminal) also connects within 3 s.
 """
 
 from __future__ import annotations
@@ -33,15 +35,17 @@ log = logging.getLogger(__name__)
 S3_PROTOCOLS = ("s3", "s3a")
 S3_ENDPOINT_ENV = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 
-# fail_fast on S3, for what the user did not set. botocore's default (legacy mode, 5 attempts) spends
-# 4-15 s backing off from a closed port; 3 attempts in standard mode sleep at most 1 + 2 s and still
-# ride out one 503/SlowDown. s3fs retries timeouts and dropped connections 5 times on top of that, so a
-# server that accepts and never answers held a command for 5-10 minutes (15 s read timeout each).
-FAIL_FAST_S3_CONFIG: dict[str, Any] = {
-    "connect_timeout": 3,
-    "retries": {"total_max_attempts": 3, "mode": "standard"},
-}
-FAIL_FAST_S3FS_RETRIES = 2
+# The deadline of every S3 call, for what the user did not set. botocore's default (legacy mode, 5
+# attempts) spends 4-15 s backing off from a closed port, and s3fs retries timeouts and dropped connections
+# 5 times on top of that: a server that accepts and never answers held one call for 5-10 minutes (25 tries
+# with s3fs's 15 s read timeout each; a save of a two-tier run waited 423 s on one). 3 attempts in
+# standard mode sleep at most 1 + 2 s and still ride out one 503/SlowDown; with 2 tries in s3fs a call
+# gives up within 6 tries: ≈ 94 s on a silent server, 1-4 s on a closed port.
+S3_DEADLINES: dict[str, Any] = {"retries": {"total_max_attempts": 3, "mode": "standard"}}
+S3FS_RETRIES = 2
+# fail_fast (the CLI) also connects within 3 s (s3fs's default is 5 s).
+FAIL_FAST_S3_CONFIG: dict[str, Any] = {"connect_timeout": 3, **S3_DEADLINES}
+FAIL_FAST_S3FS_RETRIES = S3FS_RETRIES
 
 # What rlckpt's S3 client does unless the caller's `config_kwargs` say otherwise: no SHA-256 of every payload
 # byte for the request's signature. botocore signs payloads only over plain http; over https it relies on the
@@ -67,10 +71,11 @@ def open_location(
     Args:
         url: a local path or an fsspec URL (`s3://bucket/prefix`, `file://…`, `memory://…`).
         storage_options: keyword arguments for the filesystem (e.g. s3fs's `endpoint_url`, `key`).
-        fail_fast: for an interactive command (the CLI). On S3, unless the user set them
-            (`config_kwargs.connect_timeout` / `.retries`, or AWS_MAX_ATTEMPTS / AWS_RETRY_MODE): a 3 s
-            connect timeout, 3 attempts in botocore's standard retry mode, and 2 tries (not 5) in s3fs,
-            on a filesystem instance of its own. Without it the libraries' defaults apply.
+        fail_fast: for an interactive command (the CLI): on S3 a 3 s connect timeout (unless the user set
+            `config_kwargs.connect_timeout`), on a filesystem instance of its own. With or without it,
+            every S3 call has a deadline unless the user set its parts (`config_kwargs.retries`, or
+            AWS_MAX_ATTEMPTS / AWS_RETRY_MODE): 3 attempts in botocore's standard retry mode, 2 tries
+            (not 5) in s3fs, each within s3fs's timeouts (5 s to connect, 15 s per read).
 
     Returns:
         (fs, root). On S3 the client is set up here, so bad options fail now rather than at the first
@@ -88,14 +93,12 @@ def open_location(
         _check_known_options(text, run.protocol, options)
     if s3:
         _check_s3(text, options)
-        options = _s3_client_defaults(options)
-        if fail_fast:
-            options = _fail_fast_s3_options(options)
-            log.debug("fail-fast S3 client for %s: config_kwargs %s", text, options["config_kwargs"])
+        options = _s3_deadlines(_s3_client_defaults(options), fail_fast)
+        log.debug("S3 client for %s (fail fast: %s): config_kwargs %s", text, fail_fast, options["config_kwargs"])
     fs = _build(run, options)
     if s3:
-        if fail_fast:
-            fs.retries = min(fs.retries, FAIL_FAST_S3FS_RETRIES)  # our own instance: skip_instance_cache
+        # an instance shared through fsspec's cache was built with these very options: the same budget
+        fs.retries = min(fs.retries, S3FS_RETRIES)
         _connect_s3(text, fs)
     return fs, run.root
 
@@ -178,12 +181,16 @@ def _s3_client_defaults(options: dict[str, Any]) -> dict[str, Any]:
     return {**options, "config_kwargs": {**config, "s3": s3_config}}
 
 
-def _fail_fast_s3_options(options: dict[str, Any]) -> dict[str, Any]:
+def _s3_deadlines(options: dict[str, Any], fail_fast: bool) -> dict[str, Any]:
+    """`options` with S3_DEADLINES (FAIL_FAST_S3_CONFIG, on an instance of its own) where the user set nothing."""
+    defaults = FAIL_FAST_S3_CONFIG if fail_fast else S3_DEADLINES
     config = dict(options.get("config_kwargs") or {})
-    config.setdefault("connect_timeout", FAIL_FAST_S3_CONFIG["connect_timeout"])
+    if "connect_timeout" in defaults:
+        config.setdefault("connect_timeout", defaults["connect_timeout"])
     if "retries" not in config and not any(os.environ.get(v) for v in ("AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE")):
-        config["retries"] = dict(FAIL_FAST_S3_CONFIG["retries"])
-    return {**options, "config_kwargs": config, "skip_instance_cache": True}
+        config["retries"] = dict(defaults["retries"])
+    built = {**options, "config_kwargs": config}
+    return {**built, "skip_instance_cache": True} if fail_fast else built
 
 
 def _check_endpoint(url: str, source: str, endpoint: Any) -> None:

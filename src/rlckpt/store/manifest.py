@@ -18,7 +18,7 @@ from typing import Any
 
 import rlckpt
 from rlckpt.errors import NewerFormatError
-from rlckpt.formats import MapKey, Record, Refusal, read_format, readable
+from rlckpt.formats import MapKey, Record, Refusal, load_json, quoted, read_format, readable
 
 from .digest import SHA256, Digest
 from .manifest_formats import (
@@ -46,13 +46,12 @@ def canonical_json(obj: Any) -> bytes:
 
 
 def parse_canonical(data: bytes, what: str) -> dict[str, Any]:
-    """Parse a JSON object that must be in canonical form: valid UTF-8, no duplicate keys, and exactly
-    the bytes canonical_json would write for it (a record that differs was not written by rlckpt).
-    Raises ValueError naming `what`."""
+    """Parse a JSON object that must be in canonical form: valid UTF-8, nested at most MAX_JSON_DEPTH levels
+    (``load_json``), no duplicate keys, and exactly the bytes canonical_json would write for it (a record
+    that differs was not written by rlckpt). Raises ValueError naming `what`."""
     try:
-        obj = json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
-    except RecursionError:
-        raise ValueError(f"{what} is nested too deeply") from None
+        data.decode("utf-8")
+        obj = load_json(data, what, object_pairs_hook=_no_duplicate_keys)
     except UnicodeDecodeError as exc:
         raise ValueError(f"{what} is not UTF-8: {exc}") from None
     except json.JSONDecodeError as exc:
@@ -68,7 +67,7 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     obj: dict[str, Any] = {}
     for key, value in pairs:
         if key in obj:
-            raise ValueError(f"duplicate key {key!r}")
+            raise ValueError(f"duplicate key {quoted(key)}")
         obj[key] = value
     return obj
 
@@ -271,7 +270,7 @@ class CommitMarker:
         if self.format != COMMIT_FORMAT or self.writer_version is None:
             raise ValueError(f"COMMIT format {self.format} is read, never written (this rlckpt writes {COMMIT_FORMAT})")
         if not isinstance(self.run, str) or _RUN_ID.fullmatch(self.run) is None:
-            raise ValueError(f"COMMIT format {COMMIT_FORMAT} names its run's id, got {self.run!r:.80}")
+            raise ValueError(f"COMMIT format {COMMIT_FORMAT} names its run's id, got {quoted(self.run)}")
         return canonical_json(self._fields())
 
     @classmethod

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlckpt.errors import BundleExistsError, InvalidPathError, ParticipantError, TransactionStateError
-from rlckpt.formats import MapKey, Refusal
+from rlckpt.formats import MapKey, Refusal, quoted
 
 from .backends import Backend
 from .claims import Claims
@@ -68,7 +68,7 @@ class Receipt:
             raise ValueError(f"a receipt is a JSON object, got {type(obj).__name__}")
         for key in ("txid", "participant"):
             if not is_txid(obj.get(key)):
-                raise ValueError(f"receipt has a bad {key}: {obj.get(key)!r:.80}")
+                raise ValueError(f"receipt has a bad {key}: {quoted(obj.get(key))}")
         if not isinstance(obj.get("files"), dict):
             raise ValueError(f"receipt 'files' is not an object: {type(obj.get('files')).__name__}")
         files: dict[str, FileEntry] = {}
@@ -91,7 +91,7 @@ def checked_receipt(receipt: object, where: str) -> Receipt:
         return Receipt.from_json(receipt.to_json())
     except (AttributeError, TypeError, ValueError) as exc:  # InvalidPathError is a ValueError
         raise ParticipantError(
-            f"{where}: the receipt of participant {receipt.participant!r:.80} is malformed: {exc}; nothing committed"
+            f"{where}: the receipt of participant {quoted(receipt.participant)} is malformed: {exc}; nothing committed"
         ) from exc
 
 
@@ -170,5 +170,5 @@ class ParticipantWriter(FileWriter):
 def validate_participant(name: object) -> str:
     """A participant name is a plain name ([A-Za-z0-9_-]{1,64}): it appears in errors and receipts."""
     if not is_txid(name):
-        raise InvalidPathError(f"participant name must be 1-64 of [A-Za-z0-9_-], got {name!r}")
+        raise InvalidPathError(f"participant name must be 1-64 of [A-Za-z0-9_-], got {quoted(name)}")
     return name  # type: ignore[return-value]

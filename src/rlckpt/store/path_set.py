@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from rlckpt.formats.json_text import quoted
+
 
 def parents(relpath: str) -> Iterator[str]:
     """Every proper ancestor directory of `relpath`, shortest first: 'a', 'a/b' for 'a/b/c'."""
@@ -33,9 +35,9 @@ class Clash:
     def describe(self) -> str:
         """What is wrong, in the words every reader of a manifest uses."""
         if self.duplicate:
-            return f"{self.path!r} is listed twice"
+            return f"{quoted(self.path)} is listed twice"
         inner, outer = (self.path, self.other) if self.path.startswith(self.other + "/") else (self.other, self.path)
-        return f"{inner!r} lies under {outer!r}, which is a file"
+        return f"{quoted(inner)} lies under {quoted(outer)}, which is a file"
 
 
 class PathSet:

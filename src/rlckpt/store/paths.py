@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from rlckpt.errors import InvalidPathError, InvalidStepError
+from rlckpt.formats.json_text import quoted
 
 STEP_PREFIX = "step_"
 MANIFEST_NAME = "manifest.json"
@@ -29,7 +30,7 @@ def is_txid(value: object) -> bool:
 def validate_step(step: object) -> int:
     """Return `step` if it is a non-negative int (bool excluded); raise InvalidStepError otherwise."""
     if isinstance(step, bool) or not isinstance(step, int):
-        raise InvalidStepError(f"step must be a non-negative int, got {step!r} ({type(step).__name__})")
+        raise InvalidStepError(f"step must be a non-negative int, got {quoted(step)} ({type(step).__name__})")
     if step < 0:
         raise InvalidStepError(f"step must be a non-negative int, got {step}")
     return step
@@ -65,22 +66,22 @@ def validate_relpath(relpath: object, *, allow_reserved: bool = False) -> str:
     and every backend refuses the same paths.
     """
     if not isinstance(relpath, str):
-        raise InvalidPathError(f"relative path must be a str, got {relpath!r}")
+        raise InvalidPathError(f"relative path must be a str, got {quoted(relpath)}")
     if relpath == "":
         raise InvalidPathError("relative path is empty")
     if "\\" in relpath:
-        raise InvalidPathError(f"relative path {relpath!r} contains a backslash")
+        raise InvalidPathError(f"relative path {quoted(relpath)} contains a backslash")
     if "\x00" in relpath:
-        raise InvalidPathError(f"relative path {relpath!r} contains a NUL byte")
+        raise InvalidPathError(f"relative path {quoted(relpath)} contains a NUL byte")
     if relpath.startswith("/") or re.match(r"^[A-Za-z]:", relpath):
-        raise InvalidPathError(f"relative path {relpath!r} is absolute")
+        raise InvalidPathError(f"relative path {quoted(relpath)} is absolute")
     for part in relpath.split("/"):
         if part in ("", ".", ".."):
-            raise InvalidPathError(f"relative path {relpath!r} has an empty, '.' or '..' segment")
+            raise InvalidPathError(f"relative path {quoted(relpath)} has an empty, '.' or '..' segment")
     head = relpath.split("/", 1)[0]
     if not allow_reserved and head in RESERVED_NAMES:
         what = "is" if head == relpath else f"lies under {head!r}, which is"
-        raise InvalidPathError(f"relative path {relpath!r} {what} reserved for the bundle's own metadata")
+        raise InvalidPathError(f"relative path {quoted(relpath)} {what} reserved for the bundle's own metadata")
     return relpath
 
 

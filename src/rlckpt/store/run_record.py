@@ -9,12 +9,13 @@ there as they did at the source.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from dataclasses import asdict, dataclass
 
-from rlckpt.errors import MalformedRecordError
-from rlckpt.formats import Field, Record, Str, read_format
+from rlckpt.errors import MalformedRecordError, StoreConfigError
+from rlckpt.formats import Field, Record, Str, quoted, read_format
 
 from .backends import Backend
 from .manifest import canonical_json, parse_canonical
@@ -62,8 +63,10 @@ class RunRecord:
     format: int = RUN_RECORD_FORMAT
 
     @classmethod
-    def new(cls) -> RunRecord:
-        return cls(run_id=uuid.uuid4().hex, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    def new(cls, run_id: str | None = None) -> RunRecord:
+        """A record made now: of `run_id` (a run whose id its writer was given), or a new random id."""
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return cls(run_id=run_id or uuid.uuid4().hex, created=created)
 
     def to_bytes(self) -> bytes:
         return canonical_json(asdict(self))
@@ -77,6 +80,20 @@ class RunRecord:
             raise MalformedRecordError(f"{where}: {exc}") from None
         read_format(RUN_RECORD_FORMATS, obj, where)
         return cls(run_id=obj["run_id"], created=obj["created"])
+
+
+def checked_run_id(run_id: object, what: str = "") -> str:
+    """`run_id` if it can be a run's id (32 lowercase hex digits, as `_run.json` holds it).
+
+    Raises:
+        StoreConfigError: naming `what` (where the value came from, if anywhere) and the value (shortened).
+    """
+    if not isinstance(run_id, str) or re.fullmatch(RUN_ID_PATTERN, run_id) is None:
+        source = f"{what} " if what else ""
+        raise StoreConfigError(
+            f"{source}{quoted(run_id)} is not a run id (32 lowercase hex digits, as `rlckpt ls --json` shows in `run`)"
+        )
+    return run_id
 
 
 def read_run_record(backend: Backend) -> RunRecord | None:

@@ -64,10 +64,6 @@ class VerifyKey:
         """
         name = os.fspath(path)
         data = _read_key_file(name, "verify key", private=False)
-        if b"PRIVATE KEY" in data:
-            raise KeyFileError(
-                f"verify key {name} holds a private key: readers need only the public one ({VERIFY_KEY_NAME})"
-            )
         try:
             key = serialization.load_pem_public_key(data)
         except (ValueError, UnsupportedAlgorithm):
@@ -176,8 +172,9 @@ def _kind(key: object) -> str:
 
 def _read_key_file(name: str, what: str, *, private: bool) -> bytes:
     """The bytes of key file `name` (symlinks followed: secrets are often mounted as links), refused unless
-    it is a regular file within the cap and, for a private key, open to its owner only. The mode is taken
-    from the file as opened, so what is checked is what is read."""
+    it is a regular file within the cap, holds the half of a key pair asked for (a public key given as the
+    signing key is named as such, before its mode is), and, for a private key, is open to its owner only.
+    The mode is taken from the file as opened, so what is checked is what is read."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO cannot hang the open
     except FileNotFoundError:
@@ -188,11 +185,6 @@ def _read_key_file(name: str, what: str, *, private: bool) -> bytes:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise KeyFileError(f"{what} {name} is not a regular file")
-        if private and mode & 0o077:
-            raise KeyFileError(
-                f"{what} {name} is open to others (mode {stat.S_IMODE(mode):04o}): a private key must be "
-                f"readable by its owner only; chmod 600 {name}"
-            )
         chunks, size = [], 0
         while size <= KEY_FILE_MAX_BYTES:
             chunk = os.read(fd, KEY_FILE_MAX_BYTES + 1 - size)
@@ -204,7 +196,30 @@ def _read_key_file(name: str, what: str, *, private: bool) -> bytes:
         os.close(fd)
     if size > KEY_FILE_MAX_BYTES:
         raise KeyFileError(f"{what} {name} is larger than {KEY_FILE_MAX_BYTES} bytes: not a key file")
-    return b"".join(chunks)
+    data = b"".join(chunks)
+    _refuse_the_other_half(data, name, what, private=private)
+    if private and mode & 0o077:
+        raise KeyFileError(
+            f"{what} {name} is open to others (mode {stat.S_IMODE(mode):04o}): a private key must be "
+            f"readable by its owner only; chmod 600 {name}"
+        )
+    return data
+
+
+def _refuse_the_other_half(data: bytes, name: str, what: str, *, private: bool) -> None:
+    """The one mistake worth its own words: the public key file where the private one is asked for (which
+    keygen writes mode 0644, so the mode check would otherwise speak first), or the reverse. Decided on the
+    PEM label only; nothing of the key is quoted."""
+    if private and b"PUBLIC KEY-----" in data and b"PRIVATE KEY-----" not in data:
+        raise KeyFileError(
+            f"{what} {name} is a public key: signing needs the private key ({SIGNING_KEY_NAME}, mode 0600, "
+            f"written beside {VERIFY_KEY_NAME} by `rlckpt keygen`)"
+        )
+    if not private and b"PRIVATE KEY-----" in data:
+        raise KeyFileError(
+            f"{what} {name} holds a private key: readers need only the public one ({VERIFY_KEY_NAME}, written "
+            f"beside {SIGNING_KEY_NAME} by `rlckpt keygen`)"
+        )
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,14 @@ from rlckpt.errors import (
     CorruptBundleError,
     NewerFormatError,
     RunIdentityError,
+    StoreConfigError,
     TransactionStateError,
     UncommittedBundleError,
     UnsafeObjectError,
     UnsafeStoreError,
     UnsignedBundleError,
 )
+from rlckpt.formats import quoted
 
 from .backends import Backend, make_backend
 from .bundle import Bundle
@@ -40,7 +42,7 @@ from .participant import ParticipantWriter, TransactionHandle, validate_particip
 from .paths import COMMIT_NAME, MANIFEST_NAME, is_txid, step_dirname, validate_step
 from .retention import Retention
 from .roster import Roster
-from .run_record import RunRecord, create_run_record, read_run_record
+from .run_record import RUN_RECORD_NAME, RunRecord, checked_run_id, create_run_record, read_run_record
 from .signing import SigningKey, VerifyKey
 from .storage_errors import unavailable_as_store_error
 from .transaction import BundleTransaction
@@ -67,7 +69,8 @@ class StoreEntry:
     signature: "signed" (COMMIT carries a signature: checked by a store with a verify key, only present
     without one), "unsigned", "bad" (a store with a verify key refused it; the entry is then "corrupt",
     `detail` says why), or None (no COMMIT that reads). `signed_by` is the signing key's id, `run` the
-    run id COMMIT names (None before COMMIT format 3).
+    run id COMMIT names (None before COMMIT format 3), `manifest_digest` the manifest digest it names
+    (`algorithm:hex`): with `run`, what tells a replica of this very bundle from another bundle of the step.
     """
 
     step: int
@@ -85,6 +88,7 @@ class StoreEntry:
     signature: str | None = None
     signed_by: str | None = None
     run: str | None = None
+    manifest_digest: str | None = None
 
 
 class BundleStore:
@@ -101,6 +105,7 @@ class BundleStore:
         max_workers: int = DEFAULT_MAX_WORKERS,
         signing_key: SigningKey | str | os.PathLike[str] | None = None,
         verify_key: VerifyKey | str | os.PathLike[str] | None = None,
+        run_id: str | None = None,
     ) -> None:
         """`fs` overrides the filesystem built from url+storage_options (tests wrap it to inject faults).
         `allow_unsafe` lets writes proceed (with a loud warning) on a server that ignores create-exclusive.
@@ -108,13 +113,25 @@ class BundleStore:
         or its file): only bundles that key signed for this run are read, listed as committed or kept by
         retention; without one, signatures are not checked. The two are independent: a writer that must
         refuse bundles it did not sign passes its key's public half (`signing_key.public`) as well.
+        `run_id` pins the run (with `verify_key` only): "this run" is then that id, whatever `_run.json`
+        says, so a key shared by several runs cannot pass one run's bundles for another's; a run record
+        naming another run is refused (RunIdentityError) and a new run's record takes this id
+        (docs/security.md).
 
         Raises:
             KeyFileError: a key file that cannot be used (missing, open to others, not an Ed25519 key).
+            StoreConfigError: `run_id` is not a run id, or is given without a verify key.
         """
         self.signing_key = SigningKey.load(signing_key) if isinstance(signing_key, (str, os.PathLike)) else signing_key
         self.verify_key = VerifyKey.load(verify_key) if isinstance(verify_key, (str, os.PathLike)) else verify_key
+        self.run_id = None if run_id is None else checked_run_id(run_id, f"store {url}: the pinned run")
+        if self.run_id is not None and self.verify_key is None:
+            raise StoreConfigError(
+                f"store {url}: a pinned run ({self.run_id}) goes with a verify key: without one no signature is "
+                "checked, and the run a COMMIT names proves nothing"
+            )
         self._run: RunRecord | None = None  # the run's record, once read or made (it is never rewritten)
+        self._warned_record = False  # a run record that disagrees with the pin is logged once per store
         self.url = os.fspath(url)
         self.storage_options = dict(storage_options or {})
         self.allow_unsafe = allow_unsafe
@@ -138,6 +155,7 @@ class BundleStore:
         """The run's record (its id), or None when no bundle was begun in it since run records exist.
 
         Raises:
+            RunIdentityError: the store pins a run (`run_id`) and the record names another.
             MalformedRecordError: `_run.json` does not read; UnsafeObjectError: it is not a regular file
                 or over its cap; StoreUnavailableError.
         """
@@ -145,7 +163,18 @@ class BundleStore:
             self._check_reachable()
             with unavailable_as_store_error(self.url, "reading the run record"):
                 self._run = read_run_record(self.backend)
+        if self._run is not None:
+            self._check_pin(self._run)
         return self._run
+
+    def _check_pin(self, record: RunRecord, whose: str = f"its {RUN_RECORD_NAME}") -> None:
+        """RunIdentityError unless `record` is of the pinned run (no pin: any record is)."""
+        if self.run_id is not None and record.run_id != self.run_id:
+            raise RunIdentityError(
+                f"{self.url}: {whose} names run {record.run_id}, not the pinned run {self.run_id}: the record was "
+                "rewritten or copied from another run, or the pin is wrong (check the storage, then put back "
+                f"the record of run {self.run_id})"
+            )
 
     def ensure_run_record(self, record: RunRecord | None = None) -> RunRecord:
         """The run's record, made now (create-exclusive) if the run has none: `record` — a replica of
@@ -160,9 +189,14 @@ class BundleStore:
             return self._ensure_run(record)
 
     def _ensure_run(self, record: RunRecord | None) -> RunRecord:
-        """ensure_run_record's storage calls, inside the caller's unavailable_as_store_error."""
+        """ensure_run_record's storage calls, inside the caller's unavailable_as_store_error. A pinned store
+        makes a new run's record with the pinned id, and refuses a record of another run."""
+        if record is not None:
+            self._check_pin(record, "the record given")
         if self._run is None:
-            self._run = read_run_record(self.backend) or create_run_record(self.backend, record or RunRecord.new())
+            made = record or RunRecord.new(self.run_id)
+            self._run = read_run_record(self.backend) or create_run_record(self.backend, made)
+        self._check_pin(self._run)
         if record is not None and self._run.run_id != record.run_id:
             raise RunIdentityError(
                 f"{self.url} is run {self._run.run_id} (its _run.json), not run {record.run_id}: its bundles "
@@ -172,9 +206,14 @@ class BundleStore:
 
     def _trust(self) -> Trust | None:
         """What this store accepts with its verify key (None: no key, signatures not checked); the run's
-        record is read once and then kept, so a record rewritten behind a reader's back changes nothing."""
+        record is read once and then kept, so a record rewritten behind a reader's back changes nothing.
+        A pinned run is "this run" whatever the record says: one that names another run is logged, loudly,
+        and a missing or unreadable one does not matter."""
         if self.verify_key is None:
             return None
+        if self.run_id is not None:
+            self._warn_if_the_record_disagrees()
+            return Trust(self.verify_key, self.run_id, pinned=True)
         try:
             record = self.run_record()
         except (ValueError, UnsafeObjectError) as exc:  # MalformedRecordError is a ValueError
@@ -182,6 +221,18 @@ class BundleStore:
         if record is None:
             return Trust(self.verify_key, None, "the run has no run record, _run.json")
         return Trust(self.verify_key, record.run_id)
+
+    def _warn_if_the_record_disagrees(self) -> None:
+        """Log (once per store) a run record naming another run than the pin: reads go by the pin, writes
+        are refused (begin raises RunIdentityError), and the user should know why."""
+        try:
+            self.run_record()
+        except RunIdentityError as exc:
+            if not self._warned_record:
+                self._warned_record = True
+                log.warning("%s; reading by the pin: only bundles signed for run %s verify", exc, self.run_id)
+        except (ValueError, UnsafeObjectError):  # no record needed: the pin names the run
+            pass
 
     @property
     def fs(self) -> Any:
@@ -250,7 +301,7 @@ class BundleStore:
         """
         validate_step(step)
         if txid is not None and not is_txid(txid):
-            raise TransactionStateError(f"not a transaction id: {txid!r:.80}")
+            raise TransactionStateError(f"not a transaction id: {quoted(txid)}")
         self._ensure_writable()
         txid = txid or uuid.uuid4().hex
         step_dir = step_dirname(step)
@@ -302,7 +353,7 @@ class BundleStore:
         validate_participant(participant)
         validate_step(handle.step)
         if not is_txid(handle.txid):
-            raise TransactionStateError(f"not a transaction id: {handle.txid!r:.80}")
+            raise TransactionStateError(f"not a transaction id: {quoted(handle.txid)}")
         who = f"participant {participant}"
         roster = Roster(self.backend, self.url, handle.step, handle.txid)
         with unavailable_as_store_error(self.url, f"joining step {handle.step} as {who}"):
@@ -346,6 +397,15 @@ class BundleStore:
             inv = self.backend.scan()
             trust = self._trust()
             return [s for s in sorted(inv.steps) if inv.committed_marker(s) and self._passes(s, trust)]
+
+    def marked_steps(self) -> list[int]:
+        """Steps that hold a COMMIT object, ascending, from one listing and unchecked: every committed step
+        is among them (`steps()` checks each one's COMMIT and manifest). For a caller that only needs to
+        name every step that may be committed (a two-tier run's retention holds) without reading them."""
+        self._check_reachable()
+        with unavailable_as_store_error(self.url, "listing steps"):
+            inv = self.backend.scan()
+            return [s for s in sorted(inv.steps) if inv.committed_marker(s)]
 
     def _passes(self, step: int, trust: Trust | None) -> bool:
         try:
@@ -460,42 +520,24 @@ class BundleStore:
             detail = intent.describe() + (f": {reason}" if reason else "")
             state = "stale" if reason else "writing"
             return StoreEntry(step, state, sum(staged.values()), len(staged), created, intent.txid, detail, path)
-        if irregular is not None:
+
+        def unread(state: str, detail: str, signature: str | None = None) -> StoreEntry:
+            """An entry whose records were not read (or did not read): what the listing says of it."""
             return StoreEntry(
-                step,
-                "corrupt",
-                sum(files.values()),
-                len(data_files),
-                None,
-                None,
-                f"step {step} at {self.url}: {irregular}",
-                path,
+                step, state, sum(files.values()), len(data_files), None, None, detail, path, signature=signature
             )
+
+        if irregular is not None:
+            return unread("corrupt", f"step {step} at {self.url}: {irregular}")
         if COMMIT_NAME not in files:
-            return StoreEntry(step, "uncommitted", sum(files.values()), len(data_files), None, None, "no COMMIT", path)
+            return unread("uncommitted", "no COMMIT")
         try:
             checked = load_checked(self.backend, self.url, step, trust=trust)
         except (CorruptBundleError, UncommittedBundleError) as exc:
-            signature = (
-                "unsigned"
-                if isinstance(exc, UnsignedBundleError)
-                else "bad"
-                if isinstance(exc, BadSignatureError)
-                else None
-            )
-            return StoreEntry(
-                step,
-                "corrupt",
-                sum(files.values()),
-                len(data_files),
-                None,
-                None,
-                str(exc),
-                path,
-                signature=signature,
-            )
+            bad = "bad" if isinstance(exc, BadSignatureError) else None
+            return unread("corrupt", str(exc), "unsigned" if isinstance(exc, UnsignedBundleError) else bad)
         except NewerFormatError as exc:
-            return StoreEntry(step, "newer", sum(files.values()), len(data_files), None, None, str(exc), path)
+            return unread("newer", str(exc))
         manifest, marker = checked.manifest, checked.marker
         return StoreEntry(
             step,
@@ -513,6 +555,7 @@ class BundleStore:
             signature="unsigned" if marker.signature is None else "signed",
             signed_by=None if marker.signature is None else marker.signature.key_id,
             run=marker.run,
+            manifest_digest=str(marker.manifest),
         )
 
     # --- maintenance --------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from rlckpt.errors import (
     TransactionStateError,
     UnreadableBundleError,
 )
+from rlckpt.formats import quoted
 
 from .backends import Backend
 from .claims import Claims
@@ -302,7 +303,7 @@ class BundleTransaction(FileWriter):
                     )
                 if clash is not None:
                     raise ParticipantError(
-                        f"{where}: {clash.describe()} ({rel!r} written by {writer}, {clash.other!r} by "
+                        f"{where}: {clash.describe()} ({quoted(rel)} written by {writer}, {quoted(clash.other)} by "
                         f"{clash.other_owner}); nothing committed"
                     )
                 merged[rel] = entry

@@ -13,6 +13,7 @@ from pathlib import Path
 from rlckpt.checkpoint import layout
 from rlckpt.checkpoint.records import DATA_PLANE_METADATA
 from rlckpt.checkpoint.run_format import DATA_PLANE_METADATA_1, RUN_BUNDLE_FORMATS, read_run_bundle
+from rlckpt.checkpointer.record import CHECKPOINTER_BUNDLE, FORMAT_KEY, read_record
 from rlckpt.controller.loop_state import LOADER_STATE, LOADER_STATE_FORMATS, LoopState
 from rlckpt.dataplane.rows_snapshot import MAGIC, decode_rows
 from rlckpt.dataplane.snapshot_records import ROWS_HEADER, ROWS_SECTION, SNAPSHOT_METADATA
@@ -86,6 +87,7 @@ SECTIONS = (
     Section([ROWS_HEADER], _newer_rows_file),
     Section(REPLAY_INDEX_FORMATS, lambda n: upgrade_index({"format": n}, where="step 6: replay_buffer_metadata.pt")),
     Section(LOADER_STATE_FORMATS, _newer_loader_state),
+    Section([CHECKPOINTER_BUNDLE], lambda n: read_record(6, {FORMAT_KEY: n})),
 )
 assert LOADER_STATE_FORMATS[-1] is LOADER_STATE
 

@@ -9,8 +9,14 @@ run has, as picklable hooks (they travel to the controller actor and the trainer
 - ``upload``: inside every trainer rank's write of the policy of step STEP (the background upload)
 - ``commit``: the save of step STEP, every piece written, just before its COMMIT
 
-``python -m rlckpt.testing.gates DIR POINT:STEP[,POINT:STEP...] train ARGS...`` is the real
-``rlckpt train`` with those gates in DIR, named ``POINT-STEP``.
+and, in the driver's start-up (no STEP; the gate is named after the point):
+
+- ``ray-init``: inside the private cluster's start, once ``ray.init`` has returned (its own SIGTERM
+  handler installed, the cluster's processes running) and before the start is over
+- ``setup``: Ray started, before TransferQueue, the trainer ranks and the restore
+
+``python -m rlckpt.testing.gates DIR POINT[:STEP][,POINT[:STEP]...] train ARGS...`` is the real
+``rlckpt train`` with those gates in DIR, named ``POINT-STEP`` (``POINT`` at start-up).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from torch.distributed.checkpoint import DefaultSavePlanner
 logger = logging.getLogger(__name__)
 
 POINTS = ("generate", "upload", "commit")
+START_POINTS = ("ray-init", "setup")  # in the driver's start-up: no step
 POLL_S = 0.05  # how often a waiting run looks for the open gate (a file another process creates)
 
 
@@ -76,7 +83,31 @@ class GatedRun:
     points: frozenset[tuple[str, int]]
 
     def gate(self, point: str, step: int) -> Gate:
-        return Gate(self.directory, f"{point}-{step}")
+        return Gate(self.directory, point if point in START_POINTS else f"{point}-{step}")
+
+    def install_start_gates(self) -> None:
+        """Wrap the driver's start-up calls at the start points asked for (this process only)."""
+        import ray
+
+        from rlckpt.controller import setup
+
+        if ("ray-init", 0) in self.points:
+            real_init, ray_init_gate = ray.init, self.gate("ray-init", 0)
+
+            def gated_init(*args: Any, **kwargs: Any) -> Any:
+                context = real_init(*args, **kwargs)
+                ray_init_gate.pass_through_blocking()
+                return context
+
+            ray.init = gated_init
+        if ("setup", 0) in self.points:
+            real_setup, setup_gate = setup.setup_single_controller, self.gate("setup", 0)
+
+            def gated_setup(*args: Any, **kwargs: Any) -> Any:
+                setup_gate.pass_through_blocking()
+                return real_setup(*args, **kwargs)
+
+            setup.setup_single_controller = gated_setup
 
     async def before_generate(self, step: int) -> None:
         if ("generate", step) in self.points:
@@ -110,12 +141,15 @@ class _GatedPlanner(DefaultSavePlanner):
 
 
 def parse_points(text: str) -> frozenset[tuple[str, int]]:
-    """``generate:5,commit:5`` → {("generate", 5), ("commit", 5)}."""
+    """``generate:5,commit:5,setup`` → {("generate", 5), ("commit", 5), ("setup", 0)}."""
     points = set()
     for item in text.split(","):
         point, _, step = item.partition(":")
+        if point in START_POINTS and not step:
+            points.add((point, 0))
+            continue
         if point not in POINTS or not step.isdigit():
-            raise ValueError(f"a gate is POINT:STEP with POINT one of {POINTS}, got {item!r}")
+            raise ValueError(f"a gate is POINT:STEP with POINT one of {POINTS}, or one of {START_POINTS}, got {item!r}")
         points.add((point, int(step)))
     return frozenset(points)
 
@@ -134,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     train.add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(rlckpt_argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    gated.install_start_gates()
     return train.run(
         args,
         before_commit=gated.before_commit,

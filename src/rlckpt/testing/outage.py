@@ -6,6 +6,9 @@ with Outage(endpoint) as outage:
     outage.cut()                    # connections open through it are dropped, new ones refused
     bundle.read_bytes("x")          # sees the server gone, as after a crash or a network partition
     outage.restore()                # ... and back, on the same endpoint
+    outage.stall()                  # a store that takes every request and answers none ...
+    outage.wait_until_held()        # (a request waits on it now)
+    outage.answer()                 # ... until now: what it held goes through
 
 The session's S3 server keeps running for every other test.
 """
@@ -39,6 +42,10 @@ class Outage:
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._cut = False
+        self._flowing = threading.Event()  # cleared by stall(): connections are taken, bytes are held
+        self._flowing.set()
+        self._held = threading.Condition(self._lock)  # notified when a stall holds another request
+        self._held_count = 0
         self._accepting = threading.Thread(target=self._accept, name="outage-accept", daemon=True)
 
     @property
@@ -64,6 +71,30 @@ class Outage:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
+
+    def stall(self) -> None:
+        """The server goes silent: it still accepts connections, but no byte goes either way (requests sent
+        before are held too) until ``answer()``; nothing is refused or reset, so no client gives up early."""
+        self._flowing.clear()
+
+    def answer(self) -> None:
+        """The silent server answers again: what was held goes through, in order."""
+        self._flowing.set()
+
+    def held(self) -> int:
+        """How many times a stall has held bytes on their way (a request, or its answer), so far."""
+        with self._lock:
+            return self._held_count
+
+    def wait_until_held(self, timeout: float = 60.0) -> bool:
+        """Block until a stall holds bytes on their way (a call waits on the store); False after `timeout` s."""
+        with self._held:
+            return self._held.wait_for(lambda: self._held_count > 0, timeout)
+
+    def _hold(self) -> None:
+        with self._held:
+            self._held_count += 1
+            self._held.notify_all()
 
     def restore(self) -> None:
         """The server is back, on the same endpoint: new connections go through again (a cut is undone)."""
@@ -97,13 +128,20 @@ class Outage:
                 upstream.close()
                 return
             for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pump, args=(source, sink), name="outage-pump", daemon=True).start()
+                pump = threading.Thread(
+                    target=_pump, args=(source, sink, self._flowing, self._hold), name="outage-pump", daemon=True
+                )
+                pump.start()
 
 
-def _pump(source: socket.socket, sink: socket.socket) -> None:
-    """Copy bytes one way until either side closes (or the outage closes both)."""
+def _pump(source: socket.socket, sink: socket.socket, flowing: threading.Event, hold: Callable[[], None]) -> None:
+    """Copy bytes one way until either side closes (or the outage closes both), holding them while stalled
+    (`hold` is told each time)."""
     try:
         while chunk := source.recv(_CHUNK):
+            if not flowing.is_set():
+                hold()
+            flowing.wait()
             sink.sendall(chunk)
     except OSError:
         pass

@@ -22,11 +22,12 @@ class ReplicationConfig:
     retention: Retention = field(default_factory=Retention)
     workers: int = DEFAULT_COPY_WORKERS
     verify_key: VerifyKey | None = None  # the run's: both tiers read only bundles it signed for the run
+    run_id: str | None = None  # the run's pin, if it has one (BundleStore's `run_id`)
 
     def remote_store(self) -> BundleStore:
         """The remote tier's store, with the run's verify key (a replica carries its signatures, never makes
         one: the remote tier needs no signing key)."""
-        return BundleStore(self.url, self.storage_options, verify_key=self.verify_key)
+        return BundleStore(self.url, self.storage_options, verify_key=self.verify_key, run_id=self.run_id)
 
     def __post_init__(self) -> None:
         if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:

@@ -1,0 +1,28 @@
+"""rlckpt for trainers it does not own: a Checkpointer per rank (torchrun, Ray actors) with the run-level
+guarantees of `rlckpt train` — one transaction per save across every rank, async saves, extra pieces without
+pickle, two tiers, signing, retention, restore of the newest bundle that verifies at any world size — and
+SaveAndStop, the SIGTERM / deadline helper a training loop polls. See docs/trainer.md.
+
+Sits between rlckpt.checkpoint (the procedures and the restore choice) and the trainers; imports torch.
+"""
+
+from .checkpointer import Checkpointer
+from .config import CheckpointerConfig
+from .pieces import decode_piece, encode_piece
+from .record import CHECKPOINTER_BUNDLE_FORMAT
+from .results import Restored, SaveResult
+from .stop import SaveAndStop
+from .tiers import BackgroundReplication, retain_after_commit
+
+__all__ = [
+    "CHECKPOINTER_BUNDLE_FORMAT",
+    "BackgroundReplication",
+    "Checkpointer",
+    "CheckpointerConfig",
+    "Restored",
+    "SaveAndStop",
+    "SaveResult",
+    "decode_piece",
+    "encode_piece",
+    "retain_after_commit",
+]

@@ -1,0 +1,150 @@
+"""The ranks of a job as the Checkpointer sees them: its place in the default process group, and two gloo
+groups of its own.
+
+- the *save* group carries DCP's collectives and the Checkpointer's exchanges of a save or restore (which may
+  run in the save's background thread);
+- the *control* group carries the stop agreement (``SaveAndStop.should_stop``), polled by the training loop
+  while a save may be in flight on the other group: one group per thread, so their collectives never
+  interleave, and none of them on the trainer's own groups (NCCL, or gloo busy with training).
+
+What ranks exchange is JSON (a transaction handle, receipts, outcomes, error messages) sent as bytes in
+tensors: nothing is pickled between ranks. Without torch.distributed initialized the job is one process and
+every exchange is local.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rlckpt.errors import RankGroupError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_GROUP_TIMEOUT_S = 900.0  # a collective waits this long for a peer (a rank still uploading its shards)
+
+
+class RankGroup:
+    """This process's rank, the job's world size, and the Checkpointer's two gloo groups (None, and every
+    exchange local, for one process without torch.distributed). ``of_job`` makes them on every rank at once
+    (``new_group`` is a collective of the default group): every rank makes its Checkpointer at the same point.
+    """
+
+    def __init__(
+        self,
+        rank: int = 0,
+        world_size: int = 1,
+        *,
+        save_group: Any = None,
+        control_group: Any = None,
+        timeout_s: float = DEFAULT_GROUP_TIMEOUT_S,
+    ) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.save_group, self.control_group = save_group, control_group
+        self.distributed = save_group is not None
+        self.timeout_s = timeout_s
+
+    @classmethod
+    def of_job(cls, timeout_s: float = DEFAULT_GROUP_TIMEOUT_S) -> RankGroup:
+        """This process's place in the job: the default process group's rank and size and two new gloo groups
+        over all of its ranks (a collective: every rank at once), or one process alone without
+        torch.distributed.
+
+        Raises:
+            RankGroupError: the groups could not be made (a rank missing, the store unreachable).
+        """
+        if not (dist.is_available() and dist.is_initialized()):
+            return cls(timeout_s=timeout_s)
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        timeout = timedelta(seconds=timeout_s)
+        try:
+            save_group = dist.new_group(backend="gloo", timeout=timeout)
+            control_group = dist.new_group(backend="gloo", timeout=timeout)
+        except Exception as exc:
+            raise RankGroupError(f"rank {rank}: making the Checkpointer's gloo groups failed: {exc}") from exc
+        return cls(rank, world_size, save_group=save_group, control_group=control_group, timeout_s=timeout_s)
+
+    @classmethod
+    def alone(cls) -> RankGroup:
+        """One process, no collectives (a SaveAndStop without a Checkpointer)."""
+        return cls()
+
+    @property
+    def is_coordinator(self) -> bool:
+        return self.rank == 0
+
+    def all_gather(self, value: Any, group: Any, what: str) -> list[Any]:
+        """Every rank's JSON `value`, by rank (a collective of `group`; `what` names the call in errors).
+
+        Raises:
+            RankGroupError: a peer died or did not reach this call within the group's timeout.
+        """
+        if not self.distributed:
+            return [json.loads(json.dumps(value))]
+        data = json.dumps(value).encode()
+        try:
+            size = torch.tensor([len(data)], dtype=torch.int64)
+            sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
+            dist.all_gather(sizes, size, group=group)
+            longest = int(max(int(s.item()) for s in sizes))
+            mine = torch.zeros(longest, dtype=torch.uint8)
+            mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            theirs = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.world_size)]
+            dist.all_gather(theirs, mine, group=group)
+        except Exception as exc:  # gloo raises RuntimeError (DistBackendError) for a dead or late peer
+            raise self._failed(what, exc) from exc
+        return [json.loads(bytes(t[: int(s.item())].numpy())) for t, s in zip(theirs, sizes, strict=True)]
+
+    def broadcast(self, value: Any, group: Any, what: str) -> Any:
+        """Rank 0's JSON `value` on every rank (the others pass None).
+
+        Raises:
+            RankGroupError: as `all_gather`.
+        """
+        if not self.distributed:
+            return json.loads(json.dumps(value))
+        data = json.dumps(value).encode() if self.is_coordinator else b""
+        try:
+            size = torch.tensor([len(data)], dtype=torch.int64)
+            dist.broadcast(size, src=0, group=group)
+            buffer = torch.zeros(int(size.item()), dtype=torch.uint8)
+            if self.is_coordinator:
+                buffer[:] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            dist.broadcast(buffer, src=0, group=group)
+        except Exception as exc:
+            raise self._failed(what, exc) from exc
+        return json.loads(bytes(buffer.numpy()))
+
+    def any(self, flag: bool, group: Any, what: str) -> bool:
+        """True on every rank when `flag` is True on any (an all-reduce of `group`).
+
+        Raises:
+            RankGroupError: as `all_gather`.
+        """
+        return self.most(int(flag), group, what) > 0
+
+    def most(self, value: int, group: Any, what: str) -> int:
+        """The largest of every rank's `value`, on every rank.
+
+        Raises:
+            RankGroupError: as `all_gather`.
+        """
+        if not self.distributed:
+            return value
+        tensor = torch.tensor([value], dtype=torch.int64)
+        try:
+            dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+        except Exception as exc:
+            raise self._failed(what, exc) from exc
+        return int(tensor.item())
+
+    def _failed(self, what: str, exc: Exception) -> RankGroupError:
+        return RankGroupError(
+            f"rank {self.rank} of {self.world_size}: {what}: a rank died or did not reach the same call within "
+            f"{self.timeout_s:.0f}s ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        )

@@ -1,0 +1,47 @@
+"""The Checkpointer in a one-rank gloo group in this process: every exchange goes through torch.distributed
+(JSON in tensors over its own groups), on local disk and on S3 (moto)."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from rlckpt import Checkpointer
+from rlckpt.checkpointer import SaveAndStop
+from rlckpt.testing.checkpointer import Trainer
+from rlckpt.testing.dcp_ranks import GROUP_TIMEOUT, bitwise_equal, quiet_dcp_warnings
+from rlckpt.testing.moto import free_port
+
+quiet_dcp_warnings()
+
+
+@pytest.fixture
+def one_rank_group():
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1, timeout=GROUP_TIMEOUT
+    )
+    yield
+    dist.destroy_process_group()
+
+
+def test_a_save_and_restore_through_the_groups_round_trip(one_rank_group, store_location):
+    url, options = store_location
+    trainer = Trainer()
+    trainer.step(1)
+    with Checkpointer(url, storage_options=options) as ckpt:
+        assert ckpt.ranks.distributed and ckpt.world_size == 1
+        ckpt.save(2, trainer.state(), extra={"loader": {"position": 2}}, rank_extra={"seed": 7})
+        assert ckpt.wait().step == 2
+    fresh = Trainer(seed=99)
+    with Checkpointer(url, storage_options=options) as ckpt:
+        restored = ckpt.restore(fresh.state())
+    assert restored.extra == {"loader": {"position": 2}} and restored.rank_extra == {"seed": 7}
+    assert bitwise_equal(fresh.tensors(), trainer.tensors()) == []
+
+
+def test_a_stop_is_agreed_through_the_control_group(one_rank_group, tmp_path):
+    with Checkpointer(str(tmp_path / "run")) as ckpt:
+        stop = SaveAndStop(ckpt)
+        assert not stop.should_stop()
+        stop.request()
+        assert stop.should_stop() and stop.reason == "requested"
