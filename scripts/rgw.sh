@@ -89,7 +89,7 @@ osd crush update on start = false
 osd class update on start = false
 
 [client.rgw.a]
-rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT
+rgw frontends = beast endpoint=127.0.0.1:$RGW_PORT tcp_nodelay=1
 rgw data = $RGW_DIR/rgw
 rgw enable usage log = false
 # Deleted objects' data is freed by RGW's garbage collector, by default after 2 hours: the memstore

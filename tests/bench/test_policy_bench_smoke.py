@@ -1,5 +1,7 @@
-"""`rlckpt bench policy` at a tiny size on local disk and the session's moto server, so it cannot rot:
-both systems measured at every point, every load verified, the reports written. No timing assertions."""
+"""`rlckpt bench policy` at a tiny size on local disk and the session's S3 server, so it cannot rot: every system
+measured at every point (rlckpt and DCP's writer on local disk; rlckpt, DCP's fsspec writer and, when installed,
+s3torchconnector on S3), times and extra memory recorded, every load verified, the reports written, and the
+full matrix's command line parsed as the lead runs it. No timing assertions."""
 
 from __future__ import annotations
 
@@ -7,12 +9,25 @@ import json
 
 from rlckpt.bench.destinations import local_destination, s3_destination
 from rlckpt.bench.digest_speed import digest_table, measure_digests
-from rlckpt.bench.policy import PolicyBenchConfig, evaluate_targets, points_from_document, result_document, run_sweep
-from rlckpt.bench.policy_report import policy_plot, policy_table, targets_summary
+from rlckpt.bench.etag_proxy import nginx_conf
+from rlckpt.bench.policy import (
+    DCP,
+    FSSPEC,
+    RLCKPT,
+    S3TC,
+    PolicyBenchConfig,
+    evaluate_targets,
+    points_from_document,
+    result_document,
+    run_sweep,
+    s3torchconnector_missing,
+)
+from rlckpt.bench.policy_report import policy_plot, policy_table, skipped_note, targets_summary
 from rlckpt.bench.report import write_json
+from rlckpt.cli.main import build_parser
 
 
-def test_policy_bench_measures_both_systems_verifies_every_load_and_writes_its_reports(tmp_path, s3_endpoint):
+def test_policy_bench_measures_every_system_verifies_every_load_and_writes_its_reports(tmp_path, s3_endpoint):
     destinations = [local_destination(tmp_path / "local"), s3_destination("s3-moto", s3_endpoint)]
     config = PolicyBenchConfig(sizes_mib=[0.5], ranks=[1], repeats=2)
     workdir = tmp_path / "work"
@@ -20,26 +35,49 @@ def test_policy_bench_measures_both_systems_verifies_every_load_and_writes_its_r
 
     points = run_sweep(config, destinations, str(workdir))
 
-    assert [(p.destination, p.ranks) for p in points] == [("local", 1), ("s3-moto", 1)]
+    s3_systems = [RLCKPT, FSSPEC] if s3torchconnector_missing() else [RLCKPT, S3TC, FSSPEC]
+    assert [(p.destination, p.ranks, p.kind) for p in points] == [("local", 1, "local"), ("s3-moto", 1, "s3")]
+    local, s3 = points
+    assert sorted(local.systems) == sorted([RLCKPT, DCP]) and sorted(s3.systems) == sorted(s3_systems)
     for p in points:
-        assert sorted((m.system, m.repeat) for m in p.measurements) == [
-            ("dcp", 0),
-            ("dcp", 1),
-            ("rlckpt", 0),
-            ("rlckpt", 1),
-        ]
+        assert sorted((m.system, m.repeat) for m in p.measurements) == sorted(
+            (s, r) for s in p.systems for r in range(2)
+        )
         assert all(m.verified and m.save_s > 0 and m.load_s > 0 for m in p.measurements)
+        assert all(m.save_extra_mib is not None and m.load_extra_mib is not None for m in p.measurements)
         assert p.state_bytes > 0
-        floor_measured = [m.digest_s is not None for m in p.measurements if m.system == "dcp"]
-        assert floor_measured == [p.destination == "local"] * 2  # the checked floor: local disk only
+    assert [m.digest_s is not None for m in local.measurements if m.system == DCP] == [True, True]  # the floor
+    if s3torchconnector_missing():
+        assert S3TC in s3.skipped
     write_json(tmp_path / "policy.json", result_document(points, config, {"command": "test"}))
     document = json.loads((tmp_path / "policy.json").read_text())
-    assert len(document["targets"]) == 2 * len(points)
     assert [p.destination for p in points_from_document(document)] == ["local", "s3-moto"]
-    assert policy_table(points).count("\n") == 2 + len(points)
+    assert policy_table(points).count("\n") == 3 + 1 + 3  # two tables (header and one row each), a blank line between
     summary = targets_summary(evaluate_targets(points))
-    assert "save <= 1.10x DCP" in summary and "load <= 1.15x checked floor" in summary
+    assert "save <= 0.80x fsspec" in summary and "load <= 0.50x fsspec" in summary
+    assert "extra memory on load <= 1.00x fsspec" in summary and "load <= 1.15x checked floor" in summary
+    assert ("s3torchconnector" in skipped_note(points)) == bool(s3torchconnector_missing())
     assert policy_plot(points, tmp_path / "policy.png").stat().st_size > 0
+
+
+def test_the_full_matrix_command_line_is_accepted():
+    """The command the lead runs on a quiet machine (docs/benchmarks.md), parsed as given."""
+    command = (
+        "bench policy --sizes 256,1024,2048 --ranks 1,2,4 --destinations local,moto,rgw,rgw-proxy "
+        "--rgw-endpoint http://127.0.0.1:7480 --repeats 3"
+    )
+    args = build_parser().parse_args(command.split(" "))
+    assert (args.sizes, args.ranks, args.destinations) == (
+        [256.0, 1024.0, 2048.0],
+        [1, 2, 4],
+        ["local", "moto", "rgw", "rgw-proxy"],
+    )
+
+
+def test_the_etag_proxy_passes_everything_to_rgw_and_adds_an_etag_only_where_none_came():
+    conf = nginx_conf("127.0.0.1:7480", 7481)
+    assert "server 127.0.0.1:7480;" in conf and "listen 127.0.0.1:7481;" in conf
+    assert '"" "\\"00000000000000000000000000000000-1\\""; default $upstream_http_etag;' in conf
 
 
 def test_digest_speeds_cover_sha256_and_blake3_on_one_and_all_threads():

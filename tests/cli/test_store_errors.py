@@ -11,6 +11,7 @@ import pytest
 
 from rlckpt.cli import _common, ls
 from rlckpt.store import BundleStore
+from rlckpt.store.location import S3_CLIENT_DEFAULTS
 from rlckpt.testing.moto import free_port
 from rlckpt.testing.permissions import mode_enforced
 
@@ -91,7 +92,11 @@ def test_cli_s3_client_gives_up_after_3_attempts_with_a_3s_connect_timeout(s3_st
     monkeypatch.delenv("AWS_RETRY_MODE", raising=False)
     args = argparse.Namespace(url="s3://bucket/run", storage_options=dict(s3_storage_options))
     fs = _common.open_store(args).fs
-    assert fs.config_kwargs == {"connect_timeout": 3, "retries": {"total_max_attempts": 3, "mode": "standard"}}
+    assert fs.config_kwargs == {
+        **S3_CLIENT_DEFAULTS,
+        "connect_timeout": 3,
+        "retries": {"total_max_attempts": 3, "mode": "standard"},
+    }
     assert fs.retries == 2  # s3fs's own tries around timeouts and dropped connections (default 5)
 
 

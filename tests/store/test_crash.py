@@ -15,6 +15,7 @@ import pytest
 
 from rlckpt.errors import StoreUnavailableError
 from rlckpt.store import BundleStore
+from rlckpt.store.backends.s3_io import PartBuffers
 from rlckpt.testing.faults import FaultPlan, FaultyFileSystem, InjectedFault
 from rlckpt.testing.store_checks import (
     all_paths,
@@ -101,6 +102,52 @@ def test_failure_at_every_storage_call_of_a_save_keeps_earlier_bundles(store_loc
     assert not all(outcomes), "no injected fault stopped the save"
     save_sample(clean, 3, local_dir=tree)  # after gc the step is writable again
     clean.open(3).verify()
+
+
+PART = 5 << 20  # S3's smallest part: a file of 2 parts and a bit uploads its parts beside each other
+
+
+def save_with_parts(store, step):
+    """A save whose one big file is a multipart upload on S3 (parts in flight together), and a small one."""
+    with store.begin(step) as txn:
+        txn.write_bytes("train_dataloader.pt", sample_payload(step)["train_dataloader.pt"])
+        with txn.open("policy/shard.bin") as stream:
+            stream.write(b"p" * (2 * PART + 1000))
+        txn.commit()
+
+
+def test_failure_at_every_storage_call_of_a_save_with_parallel_parts_keeps_earlier_bundles(
+    s3_run_url, s3_storage_options
+):
+    """Every request of the parallel multipart upload (create, each part, complete, abort) is a storage call
+    a fault can hit, in whatever order the parts go out; a writer that dies there leaves no bundle, and gc
+    finds its incomplete upload."""
+    url, options = s3_run_url, s3_storage_options
+    save_sample(clean_store(url, options), 1)
+
+    def parts_store(plan):
+        store = make_store(url, options, plan)
+        store.backend.part_buffers = PartBuffers(PART, max_idle=2)
+        return store
+
+    probe = parts_store(FaultPlan())
+    save_with_parts(probe, 3)
+    total = probe.fs.plan.count
+    assert sum(call.endswith("upload_part") for call in probe.fs.plan.calls) == 3
+    clean_store(url, options).backend.delete_bundle("step_3")
+    outcomes = []
+    for k in range(1, total + 1):
+        try:
+            save_with_parts(parts_store(FaultPlan(fail_at=k, sticky=True)), 3)
+            saved = True
+        except Exception as exc:
+            assert isinstance(exc, InjectedFault) or isinstance(exc.__cause__, InjectedFault), exc
+            saved = False
+        outcomes.append(saved)
+        clean = check_after_crash(url, options, [1], 3, saved)
+        if saved:
+            clean.backend.delete_bundle("step_3")
+    assert not any(outcomes[: total - 2]), "a save whose writer died before its commit was published"
 
 
 def test_transient_failure_is_cleaned_up_by_abort_without_gc(store_location, tree):

@@ -198,11 +198,14 @@ def test_upload_aborted_behind_the_writers_back_is_a_lost_write(s3_run_url, s3_s
     store = BundleStore(s3_run_url, s3_storage_options)
     txn = store.begin(2)
     stream = txn.open("big.bin")
-    stream.write(b"x" * (16 << 20))  # exactly one block: its part is uploaded, nothing is buffered
+    stream.write(b"x" * ((16 << 20) + 1))  # one part more than fits one PUT: its multipart upload has begun
     for key, upload_id in store.backend.incomplete_uploads():
         store.backend.abort_upload(key, upload_id)
     with pytest.raises(LostWriteError, match="big.bin.*NoSuchUpload"):
-        stream.close()  # completing the upload finds it gone: a clear error, not a raw FileNotFoundError
+        # the upload's next request (the last part, or completing it in the background, which the commit
+        # waits for) finds it gone: a clear error, not a raw FileNotFoundError
+        stream.close()
+        txn.commit()
     txn.abort()
     assert store.steps() == []
     assert debris(store) == []

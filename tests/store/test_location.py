@@ -9,7 +9,14 @@ import pytest
 
 from rlckpt.errors import StoreConfigError, StoreUnavailableError
 from rlckpt.store import BundleStore
-from rlckpt.store.location import FAIL_FAST_S3_CONFIG, FAIL_FAST_S3FS_RETRIES, S3_DEADLINES, S3FS_RETRIES, open_location
+from rlckpt.store.location import (
+    FAIL_FAST_S3_CONFIG,
+    FAIL_FAST_S3FS_RETRIES,
+    S3_CLIENT_DEFAULTS,
+    S3_DEADLINES,
+    S3FS_RETRIES,
+    open_location,
+)
 from rlckpt.testing.moto import free_port
 
 CREDENTIALS = {"key": "testing", "secret": "testing"}  # so building a client never asks the network for any
@@ -94,28 +101,29 @@ def test_fail_fast_gives_s3_a_small_retry_budget(monkeypatch):
     fs, _root = open_location(
         "s3://bucket/run", {**CREDENTIALS, "endpoint_url": "http://127.0.0.1:9000"}, fail_fast=True
     )
-    assert fs.config_kwargs == FAIL_FAST_S3_CONFIG and fs.retries == FAIL_FAST_S3FS_RETRIES
+    assert fs.config_kwargs == {**S3_CLIENT_DEFAULTS, **FAIL_FAST_S3_CONFIG} and fs.retries == FAIL_FAST_S3FS_RETRIES
 
 
 def test_fail_fast_keeps_what_the_user_set(monkeypatch):
     monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
     given = {"connect_timeout": 30, "retries": {"max_attempts": 10}}
     fs, _root = open_location("s3://bucket/run", {**CREDENTIALS, "config_kwargs": given}, fail_fast=True)
-    assert fs.config_kwargs == given
+    assert fs.config_kwargs == {**S3_CLIENT_DEFAULTS, **given}
 
 
 def test_fail_fast_leaves_retries_to_aws_max_attempts_when_it_is_set(monkeypatch):
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "8")
     fs, _root = open_location("s3://bucket/run", CREDENTIALS, fail_fast=True)
-    assert fs.config_kwargs == {"connect_timeout": FAIL_FAST_S3_CONFIG["connect_timeout"]}
+    assert fs.config_kwargs == {**S3_CLIENT_DEFAULTS, "connect_timeout": FAIL_FAST_S3_CONFIG["connect_timeout"]}
 
 
 def test_every_s3_call_has_a_deadline_without_fail_fast_too(monkeypatch):
-    """A training run's calls: bounded tries within s3fs's timeouts, not 25 tries of 15 s on a silent server."""
+    """A training run's calls: bounded tries within s3fs's timeouts, not 25 tries of 15 s on a silent server;
+    payloads unsigned (S3_CLIENT_DEFAULTS)."""
     monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
     monkeypatch.delenv("AWS_RETRY_MODE", raising=False)
     fs, _root = open_location("s3://bucket/run", {**CREDENTIALS, "skip_instance_cache": True})
-    assert fs.config_kwargs == S3_DEADLINES and fs.retries == S3FS_RETRIES < type(fs).retries
+    assert fs.config_kwargs == {**S3_CLIENT_DEFAULTS, **S3_DEADLINES} and fs.retries == S3FS_RETRIES < type(fs).retries
     assert (fs.connect_timeout, fs.read_timeout) == (5, 15)  # s3fs's own, applied to every request
 
 
@@ -123,4 +131,11 @@ def test_the_deadline_keeps_the_retries_the_user_set(monkeypatch):
     monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
     given = {"read_timeout": 60, "retries": {"max_attempts": 10}}
     fs, _root = open_location("s3://bucket/run", {**CREDENTIALS, "config_kwargs": given, "skip_instance_cache": True})
+    assert fs.config_kwargs == {**S3_CLIENT_DEFAULTS, **given}
+
+
+def test_a_caller_may_sign_payloads_again(monkeypatch):
+    monkeypatch.delenv("AWS_MAX_ATTEMPTS", raising=False)
+    given = {"s3": {"payload_signing_enabled": True, "addressing_style": "path"}, "retries": {"max_attempts": 10}}
+    fs, _root = open_location("s3://bucket/run", {**CREDENTIALS, "config_kwargs": given})
     assert fs.config_kwargs == given

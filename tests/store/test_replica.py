@@ -242,11 +242,14 @@ def test_a_failure_at_every_storage_call_of_the_destination_commits_nothing_and_
 COPIER = textwrap.dedent(
     """
     import json, sys, time
-    from rlckpt.store import BundleStore, bundle, copy_bundle
+    from rlckpt.store import BundleStore, bundle, copy_bundle, files
     src_url, dst_url = sys.argv[1], sys.argv[3]
     src_options, dst_options = json.loads(sys.argv[2]), json.loads(sys.argv[4])
     read_stored = bundle.Bundle.read_stored
     started = []
+    # a closed file finishes (its upload completes) in the background: here at once, so that the first file
+    # is in place before the second is read
+    files.FileWriter._in_background = lambda self, rel, pending: pending.complete()
 
     def held(self, rel, sink, progress=None):
         if started:  # the first (largest) file is in place: die while the second is open

@@ -75,10 +75,12 @@ def _write_bytes(txn, source):
 def _stream(txn, source):
     with txn.open("b.bin", compression="zstd") as stream:
         stream.write(b"b" * 1000)
+    txn.commit()  # a stream's file finishes (its upload) in the background: the commit waits for it
 
 
 def _put_file(txn, source):
     txn.put_file("c.bin", source)
+    txn.commit()
 
 
 def _commit(txn, source):

@@ -1,51 +1,110 @@
-"""Reports of `rlckpt bench policy`: a markdown table per point, the target verdicts, and a plot."""
+"""Reports of `rlckpt bench policy`: markdown tables (S3 destinations and local disk), the target verdicts, the
+systems skipped, and a plot."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlckpt.bench.policy import SYSTEMS, PointResult, TargetCheck
+from rlckpt.bench.policy import DCP, FSSPEC, LABELS, RLCKPT, S3TC, TARGETS, PointResult, TargetCheck
 from rlckpt.bench.rows import MiB
 
 
-def policy_table(points: Sequence[PointResult]) -> str:
-    """One row per (destination, ranks, size): median save and load of both systems, the checked floor (local
-    disk: DCP's load + one BLAKE3 pass), the ratios the targets judge (**bold**: missed), aggregate MiB/s."""
-    header = (
-        "| destination | ranks | state | rlckpt save | DCP save | save / DCP | rlckpt load | DCP load | checked floor "
-        "| load / DCP | load / floor | save MiB/s rlckpt / DCP | load MiB/s rlckpt / DCP | verified | n |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n"
-    )
-    lines = []
-    for p in sorted(points, key=lambda p: (p.destination, p.size_mib, p.ranks)):
-        verified = all(m.verified for m in p.measurements)
-        n = len(p.times("rlckpt", "save"))
-        local = bool(p.floor_times())
-        floor = f"{p.floor:.3f} s" if local else "-"
-        load_limit = p.target("load")[0]
-        load_vs_dcp = _ratio(p.ratio("load"), None if local else load_limit)
-        load_vs_floor = _ratio(p.target_ratio("load"), load_limit) if local else "-"
-        lines.append(
-            f"| {p.destination} | {p.ranks} | {p.state_bytes / MiB:.0f} MiB | {p.median('rlckpt', 'save'):.3f} s | "
-            f"{p.median('dcp', 'save'):.3f} s | {_ratio(p.ratio('save'), p.target('save')[0])} | "
-            f"{p.median('rlckpt', 'load'):.3f} s | {p.median('dcp', 'load'):.3f} s | {floor} | "
-            f"{load_vs_dcp} | {load_vs_floor} | "
-            f"{p.mib_per_s('rlckpt', 'save'):.0f} / {p.mib_per_s('dcp', 'save'):.0f} | "
-            f"{p.mib_per_s('rlckpt', 'load'):.0f} / {p.mib_per_s('dcp', 'load'):.0f} | "
-            f"{'yes' if verified else '**NO**'} | {n} |"
-        )
-    return header + "\n".join(lines) + "\n"
+def _limit(kind: str, op: str, against: str, memory: bool = False) -> float | None:
+    for t in TARGETS:
+        if (t.kind, t.op, t.against, t.memory) == (kind, op, against, memory):
+            return t.limit
+    return None
 
 
-def _ratio(value: float, limit: float | None) -> str:
-    """A ratio, in bold when it misses `limit` (None: no target judges it)."""
+def _ratio(p: PointResult, op: str, against: str, memory: bool = False) -> str:
+    """rlckpt over `against` at `p`, in bold when it misses its target; "-" where `against` was not measured."""
+    if not p.measured(against):
+        return "-"
+    value = p.ratio(op, against, memory)
+    if math.isnan(value):
+        return "-"
+    limit = _limit(p.kind, op, against, memory)
     text = f"{value:.2f}×"
     return text if limit is None or value <= limit else f"**{text}**"
 
 
+def _seconds(p: PointResult, system: str, op: str) -> str:
+    return f"{p.median(system, op):.2f}" if p.measured(system) else "-"
+
+
+def _mib(p: PointResult, system: str, op: str) -> str:
+    value = p.memory(system, op) if p.measured(system) else float("nan")
+    return "-" if math.isnan(value) else f"{value:.0f}"
+
+
+def s3_table(points: Sequence[PointResult]) -> str:
+    """One row per S3 point: median save and load (s) of rlckpt, s3torchconnector and DCP's fsspec writer, the
+    ratios the targets judge (**bold**: missed), the extra memory per rank (MiB, the largest rank's)."""
+    header = (
+        "| destination | ranks | state | save s: rlckpt / s3tc / fsspec | save / s3tc | save / fsspec "
+        "| load s: rlckpt / s3tc / fsspec | load / s3tc | load / fsspec "
+        "| save +MiB: rlckpt / s3tc / fsspec | load +MiB: rlckpt / s3tc / fsspec | verified | n |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n"
+    )
+    lines = []
+    for p in sorted((p for p in points if p.kind == "s3"), key=lambda p: (p.destination, p.size_mib, p.ranks)):
+        systems = (RLCKPT, S3TC, FSSPEC)
+        lines.append(
+            f"| {p.destination} | {p.ranks} | {p.state_bytes / MiB:.0f} MiB "
+            f"| {' / '.join(_seconds(p, s, 'save') for s in systems)} "
+            f"| {_ratio(p, 'save', S3TC)} | {_ratio(p, 'save', FSSPEC)} "
+            f"| {' / '.join(_seconds(p, s, 'load') for s in systems)} "
+            f"| {_ratio(p, 'load', S3TC)} | {_ratio(p, 'load', FSSPEC)} "
+            f"| {' / '.join(_mib(p, s, 'save') for s in systems)} "
+            f"| {' / '.join(_mib(p, s, 'load') for s in systems)} "
+            f"| {'yes' if all(m.verified for m in p.measurements) else '**NO**'} | {len(p.times(RLCKPT, 'save'))} |"
+        )
+    return header + "\n".join(lines) + "\n" if lines else ""
+
+
+def local_table(points: Sequence[PointResult]) -> str:
+    """One row per local-disk point: rlckpt against DCP's FileSystemWriter/Reader and the checked floor (DCP's
+    load + one BLAKE3 pass), and the extra memory per rank."""
+    header = (
+        "| destination | ranks | state | save s: rlckpt / DCP | save / DCP | load s: rlckpt / DCP / checked floor "
+        "| load / floor | load / DCP | save +MiB: rlckpt / DCP | load +MiB: rlckpt / DCP | verified | n |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n"
+    )
+    lines = []
+    for p in sorted((p for p in points if p.kind == "local"), key=lambda p: (p.destination, p.size_mib, p.ranks)):
+        floor = f"{p.floor:.2f}" if p.floor_times() else "-"
+        lines.append(
+            f"| {p.destination} | {p.ranks} | {p.state_bytes / MiB:.0f} MiB "
+            f"| {_seconds(p, RLCKPT, 'save')} / {_seconds(p, DCP, 'save')} | {_ratio(p, 'save', DCP)} "
+            f"| {_seconds(p, RLCKPT, 'load')} / {_seconds(p, DCP, 'load')} / {floor} "
+            f"| {_ratio(p, 'load', 'floor')} | {_ratio(p, 'load', DCP)} "
+            f"| {_mib(p, RLCKPT, 'save')} / {_mib(p, DCP, 'save')} "
+            f"| {_mib(p, RLCKPT, 'load')} / {_mib(p, DCP, 'load')} "
+            f"| {'yes' if all(m.verified for m in p.measurements) else '**NO**'} | {len(p.times(RLCKPT, 'save'))} |"
+        )
+    return header + "\n".join(lines) + "\n" if lines else ""
+
+
+def policy_table(points: Sequence[PointResult]) -> str:
+    """Both tables, S3 first."""
+    return "\n".join(t for t in (s3_table(points), local_table(points)) if t)
+
+
+def skipped_note(points: Sequence[PointResult]) -> str:
+    """One line per (destination, system) not measured, and why."""
+    seen: dict[tuple[str, str], str] = {}
+    for p in points:
+        for system, why in p.skipped.items():
+            seen.setdefault((p.destination, system), why)
+    return "".join(
+        f"- {dest}: {LABELS.get(system, system)} not measured: {why}\n" for (dest, system), why in seen.items()
+    )
+
+
 def targets_summary(checks: Sequence[TargetCheck]) -> str:
-    """Per destination and operation: how many points met the target, and the worst ratio."""
+    """Per destination and target: how many points met it, and the worst ratio."""
     groups: dict[tuple[str, str], list[TargetCheck]] = {}
     for c in checks:
         groups.setdefault((c.where.split(",")[0], c.target), []).append(c)
@@ -59,9 +118,12 @@ def targets_summary(checks: Sequence[TargetCheck]) -> str:
     return "\n".join(lines) + "\n"
 
 
+_STYLE = {RLCKPT: ("C0", "o"), DCP: ("C2", "s"), FSSPEC: ("C2", "s"), S3TC: ("C3", "^")}
+
+
 def policy_plot(points: Sequence[PointResult], path: Path) -> Path:
-    """PNG: per destination, aggregate save and load throughput (MiB/s) of both systems against the rank
-    count, one panel per size."""
+    """PNG: per destination (columns) and size (rows), aggregate save (solid) and load (dashed) throughput
+    (MiB/s) of every system against the rank count; the checked floor dotted on local disk."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -70,37 +132,36 @@ def policy_plot(points: Sequence[PointResult], path: Path) -> Path:
     destinations = sorted({p.destination for p in points})
     sizes = sorted({p.size_mib for p in points})
     fig, axes = plt.subplots(
-        len(sizes), len(destinations), figsize=(4.2 * len(destinations), 3.4 * len(sizes)), squeeze=False
+        len(sizes), len(destinations), figsize=(4.4 * len(destinations), 3.4 * len(sizes)), squeeze=False
     )
-    style = {
-        ("rlckpt", "save"): ("C0", "-", "o"),
-        ("dcp", "save"): ("C0", "--", "s"),
-        ("rlckpt", "load"): ("C1", "-", "o"),
-        ("dcp", "load"): ("C1", "--", "s"),
-    }
     for row, size in enumerate(sizes):
         for col, dest in enumerate(destinations):
             ax = axes[row][col]
             series = sorted((p for p in points if p.destination == dest and p.size_mib == size), key=lambda p: p.ranks)
             ranks = [p.ranks for p in series]
-            for op in ("save", "load"):
-                for system in SYSTEMS:
-                    color, line, marker = style[(system, op)]
-                    label = f"{'rlckpt' if system == 'rlckpt' else 'DCP'} {op}"
+            systems = [s for s in (RLCKPT, S3TC, FSSPEC, DCP) if any(p.measured(s) for p in series)]
+            for system in systems:
+                color, marker = _STYLE[system]
+                for op, line in (("save", "-"), ("load", "--")):
                     ax.plot(
-                        ranks, [p.mib_per_s(system, op) for p in series], line, color=color, marker=marker, label=label
+                        ranks,
+                        [p.mib_per_s(system, op) if p.measured(system) else float("nan") for p in series],
+                        line,
+                        color=color,
+                        marker=marker,
+                        label=f"{LABELS[system].split(' ')[0] if system != FSSPEC else 'DCP fsspec'} {op}",
                     )
             if series and all(p.floor_times() for p in series):
                 floor = [p.state_bytes / MiB / p.floor for p in series]
-                ax.plot(ranks, floor, ":", color="C1", marker="^", label="checked floor (DCP load + BLAKE3)")
+                ax.plot(ranks, floor, ":", color="C1", marker="v", label="checked floor (DCP load + BLAKE3)")
             ax.set_xticks(ranks)
             ax.set_title(f"{dest}, {size:g} MiB state")
             ax.set_xlabel("ranks")
             ax.set_ylabel("aggregate MiB/s")
             ax.set_ylim(bottom=0)
             ax.grid(True, alpha=0.3)
-    axes[0][-1].legend(fontsize=8)
-    fig.suptitle("sharded policy (FSDP2 + AdamW) save / load: rlckpt.dcp vs DCP's own writer (rlckpt bench policy)")
+            ax.legend(fontsize=7)
+    fig.suptitle("sharded policy (FSDP2 + AdamW) save / load: rlckpt.dcp and its peers (rlckpt bench policy)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -59,20 +59,33 @@ POLICY_EPILOG = """\
 what it does:
   For each rank count, spawns that many ranks (gloo on 127.0.0.1, FSDP2 on a CPU mesh) once; for
   each destination and size they build a sharded MLP + AdamW state, then per repeat save and load
-  it through rlckpt.dcp (BundleStorageWriter/Reader: a committed, digest-checked bundle) and
-  through DCP's own writer/reader (FileSystemWriter/Reader on local disk, FsspecWriter/Reader on
-  S3), alternating which goes first. Each time is the slowest rank's (barrier to barrier); every
-  load is checked bitwise against what was saved. On local disk each rank also hashes its DCP
-  shard files with BLAKE3 after DCP's load: DCP's load plus that pass is the checked floor. Reports
-  medians, the ratios against the targets (local: save <= 1.25x DCP, load <= 1.15x the checked
-  floor; S3: both <= 1.10x DCP), aggregate MiB/s, and the machine's digest throughput (sha256,
-  BLAKE3 on 1 and N threads); writes policy_bench.{json,md,png}.
+  it through every system, rotating which goes first: rlckpt.dcp (BundleStorageWriter/Reader: a
+  committed, digest-checked bundle); on local disk DCP's FileSystemWriter/Reader; on S3 DCP's
+  FsspecWriter/Reader over s3fs and the AWS connector's s3torchconnector.dcp S3StorageWriter/Reader
+  (extra `peers`; skipped with a note when not installed, or when it fails against the server).
+  Each time is the slowest rank's (barrier to barrier), each extra memory the largest rank's peak
+  RSS over its RSS before (rlckpt's buffer pools counted); every load is checked bitwise. On local
+  disk each rank also hashes its DCP shard files with BLAKE3 after DCP's load: DCP's load plus that
+  pass is the checked floor. Targets: S3 save <= 0.9x s3torchconnector and <= 0.8x fsspec, S3 load
+  <= 0.9x s3torchconnector and <= 0.5x fsspec, S3 extra memory <= fsspec's; local save <= 1.25x DCP,
+  local load <= 1.15x the checked floor, local load memory flat in size. Writes
+  policy_bench.{json,md,png}.
+
+destinations:
+  local       a scratch dir on disk
+  moto        S3 on a moto server on loopback
+  rgw         the Ceph RGW at --rgw-endpoint, directly (Ceph 16 sends no ETag on
+              CompleteMultipartUpload: s3torchconnector fails there and is reported skipped)
+  rgw-proxy   the same RGW through a pass-through nginx that adds the ETag (needs nginx; started
+              and stopped by the benchmark): every system, rlckpt included, measured through it
 
 examples:
-  rlckpt bench policy                                     # 64,256 MiB x 1,2,4 ranks x local,moto
+  rlckpt bench policy                                     # 256,1024,2048 MiB x 1,2,4 ranks x local,moto
   rlckpt bench policy --sizes 64 --ranks 2 --destinations moto --repeats 2
-  rlckpt bench policy --destinations local,moto,rgw --rgw-endpoint http://127.0.0.1:7480
-  rlckpt bench policy --quick --out benchmarks/results/policy_smoke.json   # tiny, for a smoke run
+  bash scripts/rgw.sh start                               # then the full matrix (a quiet machine, ~hours):
+  rlckpt bench policy --sizes 256,1024,2048 --ranks 1,2,4 --destinations local,moto,rgw,rgw-proxy \\
+      --rgw-endpoint http://127.0.0.1:7480 --repeats 3
+  rlckpt bench policy --quick --out /tmp/policy_smoke.json   # tiny, for a smoke run
 """
 
 STORE_EPILOG = """\
@@ -242,9 +255,9 @@ def _add_policy(sub: Any) -> None:
     p.add_argument(
         "--sizes",
         type=_float_csv,
-        default=[64.0, 256.0],
+        default=[256.0, 1024.0, 2048.0],
         metavar="MIB,...",
-        help="state sizes (model + AdamW) in MiB (default 64,256)",
+        help="state sizes (model + AdamW) in MiB (default 256,1024,2048)",
     )
     p.add_argument("--ranks", type=_int_csv, default=[1, 2, 4], metavar="N,...", help="rank counts (default 1,2,4)")
     p.add_argument(
@@ -254,14 +267,15 @@ def _add_policy(sub: Any) -> None:
         metavar="LIST",
         help=(
             "comma list of: local (scratch dir on disk), moto (S3 on a moto server on loopback), "
-            "rgw (needs --rgw-endpoint); default local,moto"
+            "rgw (needs --rgw-endpoint), rgw-proxy (the same RGW through the ETag proxy; needs nginx); "
+            "default local,moto"
         ),
     )
     p.add_argument(
         "--rgw-endpoint",
         metavar="URL",
         default=None,
-        help="S3 endpoint of a Ceph RGW (scripts/rgw.sh start); implies rgw",
+        help="S3 endpoint of a Ceph RGW (scripts/rgw.sh start); with neither rgw nor rgw-proxy listed, implies rgw",
     )
     p.add_argument(
         "--rgw-key", default="testing", metavar="KEY", help="access key for --rgw-endpoint (default testing)"
@@ -283,7 +297,7 @@ def _add_policy(sub: Any) -> None:
         type=int,
         default=1,
         metavar="N",
-        help="writer threads per rank, the same for both systems (DCP's FileSystemWriter default: 1)",
+        help="writer threads per rank, the same for every system (DCP's FileSystemWriter default: 1)",
     )
     p.add_argument("--no-verify", action="store_true", help="skip the bitwise check of every load")
     p.add_argument("--quick", action="store_true", help="tiny run for a smoke test: 2 MiB, 1 and 2 ranks, 1 repeat")
@@ -637,10 +651,13 @@ def run_save_two_tier(args: argparse.Namespace) -> int:
 
 
 def run_policy(args: argparse.Namespace) -> int:
+    import contextlib
     import json
     import tempfile
 
+    from rlckpt.bench.destinations import s3_destination
     from rlckpt.bench.digest_speed import DigestSpeed, digest_table, measure_digests
+    from rlckpt.bench.etag_proxy import etag_proxy
     from rlckpt.bench.harness import destinations, run_metadata
     from rlckpt.bench.policy import (
         PolicyBenchConfig,
@@ -649,7 +666,7 @@ def run_policy(args: argparse.Namespace) -> int:
         result_document,
         run_sweep,
     )
-    from rlckpt.bench.policy_report import policy_plot, policy_table, targets_summary
+    from rlckpt.bench.policy_report import policy_plot, policy_table, skipped_note, targets_summary
     from rlckpt.bench.report import write_json
 
     out = Path(args.out)
@@ -657,12 +674,17 @@ def run_policy(args: argparse.Namespace) -> int:
         document = json.loads(Path(args.replot).read_text())
         points, meta = points_from_document(document), document["meta"]
         digests = [DigestSpeed(**d) for d in document.get("digests", [])]
+        config_doc = document["config"]
     else:
-        names = set(args.destinations) | ({"rgw"} if args.rgw_endpoint else set())
-        unknown = names - {"local", "moto", "rgw"}
+        names = set(args.destinations)
+        if args.rgw_endpoint and not names & {"rgw", "rgw-proxy"}:
+            names.add("rgw")
+        unknown = names - {"local", "moto", "rgw", "rgw-proxy"}
         if unknown:
-            raise SystemExit(f"rlckpt bench policy: unknown destinations {sorted(unknown)} (use local, moto, rgw)")
-        if "rgw" in names and not args.rgw_endpoint:
+            raise SystemExit(
+                f"rlckpt bench policy: unknown destinations {sorted(unknown)} (use local, moto, rgw, rgw-proxy)"
+            )
+        if names & {"rgw", "rgw-proxy"} and not args.rgw_endpoint:
             raise SystemExit("rlckpt bench policy: destination rgw needs --rgw-endpoint URL (scripts/rgw.sh start)")
         config = PolicyBenchConfig(
             sizes_mib=[2.0] if args.quick else args.sizes,
@@ -671,46 +693,51 @@ def run_policy(args: argparse.Namespace) -> int:
             verify=not args.no_verify,
             thread_count=args.thread_count,
         )
+        config_doc = {"thread_count": config.thread_count, "repeats": config.repeats}
         meta = run_metadata(_command_line())
         digests = measure_digests(mib=4 if args.quick else 256)
         print(digest_table(digests), file=sys.stderr)
         harness_names = [{"local": "local", "moto": "s3"}[n] for n in ("local", "moto") if n in names]
-        with destinations(
-            harness_names,
-            scratch_root=args.scratch_dir,
-            rgw_endpoint=args.rgw_endpoint if "rgw" in names else None,
-            rgw_key=args.rgw_key,
-            rgw_secret=args.rgw_secret,
-        ) as dests:
+        with contextlib.ExitStack() as stack:
+            dests = stack.enter_context(
+                destinations(
+                    harness_names,
+                    scratch_root=args.scratch_dir,
+                    rgw_endpoint=args.rgw_endpoint if "rgw" in names else None,
+                    rgw_key=args.rgw_key,
+                    rgw_secret=args.rgw_secret,
+                )
+            )
+            chosen = list(dests.destinations)
+            if "rgw-proxy" in names:
+                proxied = stack.enter_context(etag_proxy(args.rgw_endpoint.rstrip("/")))
+                chosen.append(s3_destination("s3-rgw-etag-proxy", proxied, args.rgw_key, args.rgw_secret))
             print(
-                f"rlckpt bench policy: {', '.join(d.name for d in dests.destinations)} x {config.ranks} ranks "
+                f"rlckpt bench policy: {', '.join(d.name for d in chosen)} x {config.ranks} ranks "
                 f"x {config.sizes_mib} MiB",
                 file=sys.stderr,
             )
-            points = run_sweep(
-                config, dests.destinations, tempfile.mkdtemp(prefix="rlckpt-policy-bench-", dir=dests.scratch)
-            )
+            points = run_sweep(config, chosen, tempfile.mkdtemp(prefix="rlckpt-policy-bench-", dir=dests.scratch))
         meta["load_average_1m_end"] = os.getloadavg()[0]
         write_json(out, result_document(points, config, meta, digests))
-    config_doc = (
-        json.loads(Path(args.replot).read_text())["config"]
-        if args.replot
-        else {"thread_count": args.thread_count, "repeats": args.repeats}
-    )
     settings = (
-        f"Medians of {config_doc.get('repeats')} repeats; "
-        f"writer threads per rank: {config_doc.get('thread_count', 1)} for both. "
-        "rlckpt: standalone BundleStorageWriter/BundleStorageReader (fsync + BLAKE3 of every file, commit). "
-        "DCP: FileSystemWriter (sync_files=True) / FileSystemReader on local disk, FsspecWriter (sync_files=False) / "
-        "FsspecReader on S3. Checked floor (local disk): DCP's load plus one BLAKE3 pass over the shard files, "
-        "measured after each DCP load in the same run. Ratios: rlckpt over DCP or over the floor (below 1: rlckpt "
-        "faster); **bold** misses its target (save <= 1.25x DCP and load <= 1.15x the floor on local disk, "
-        "both <= 1.10x DCP on S3).\n\n"
+        f"Medians of {config_doc.get('repeats')} repeats; writer threads per rank: "
+        f"{config_doc.get('thread_count', 1)} for every system. rlckpt: standalone BundleStorageWriter/"
+        "BundleStorageReader (BLAKE3 of every file as it passes, fsync on local disk, one commit). Local disk: DCP's "
+        "FileSystemWriter (sync_files=True) / FileSystemReader, and the checked floor (DCP's load plus one BLAKE3 "
+        "pass over the shard files, measured after each DCP load). S3: DCP's FsspecWriter (sync_files=False) / "
+        "FsspecReader over s3fs (fsspec), and s3torchconnector.dcp's S3StorageWriter/Reader (s3tc; its CRT "
+        "client, 8 MiB parts). Times are the slowest rank's; +MiB is the largest rank's peak RSS over its RSS "
+        "before the operation (rlckpt's pooled buffers counted as its own). Ratios: rlckpt over the other (below 1: "
+        "rlckpt faster or smaller); **bold** misses its target. s3-rgw is Ceph RGW reached directly, "
+        "s3-rgw-etag-proxy the same RGW through the nginx that adds the ETag header Ceph 16 omits.\n\n"
     )
+    note = skipped_note(points)
     markdown = (
         settings
         + policy_table(points)
-        + "\nTargets (rlckpt's median time over DCP's or over the checked floor, every point):\n\n"
+        + (f"\nNot measured:\n\n{note}" if note else "")
+        + "\nTargets (rlckpt's median against each, every point):\n\n"
         + targets_summary(evaluate_targets(points))
         + "\nDigest throughput on this machine (one process, a buffer in memory; the store's own hashers):\n\n"
         + digest_table(digests)

@@ -14,13 +14,16 @@ marked), so a torch upgrade that moves one breaks here, and the format test (tes
 from __future__ import annotations
 
 import contextlib
+import heapq
 import io
 import pickle
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
+import torch
+from torch import _weights_only_unpickler  # torch.load's weights-only unpickler (see load_tensor_view)
 from torch.distributed.checkpoint.filesystem import (  # private DCP format helpers, see the module docstring
     CURRENT_DCP_VERSION,
     DEFAULT_SUFFIX,
@@ -34,6 +37,7 @@ from torch.distributed.checkpoint.filesystem import (  # private DCP format help
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
+from torch.serialization import _load, _open_zipfile_reader  # private: torch.load's own steps (load_tensor_view)
 
 from rlckpt.store import WRITE_BLOCK_SIZE
 
@@ -46,6 +50,7 @@ __all__ = [
     "METADATA_NAME",
     "metadata_bytes",
     "shard_name",
+    "load_tensor_view",
     "shard_plan",
     "write_shards",
 ]
@@ -117,12 +122,39 @@ OpenShard = Callable[[str], BinaryIO]
 # rank should not have to fetch another rank's whole shard for a few hundred bytes.
 SMALL_ITEM_BYTES = 64 << 10
 
-# A shard file holds items up to about this many bytes (an item that is larger gets a file of its own).
-# A reader fetches and digest-checks each file whole before torch reads it, so smaller files let the next
-# file's fetch and digest overlap loading the current one, and keep the reader's spool to a few files
-# rather than a rank's whole share. Below the store's S3 write block, a file also goes out as one PUT
-# rather than a multipart upload (three requests more; on moto about twice the time per byte).
-DEFAULT_MAX_SHARD_BYTES = WRITE_BLOCK_SIZE - (1 << 20)
+# torch.save's framing of one item (zip headers, pickle, records padded to 64 bytes): ~1.5 KiB measured,
+# counted generously so that a file's real size stays under its cap.
+ITEM_FRAMING_BYTES = 4 << 10
+
+# A shard file is at most this many bytes, framing included, unless one item alone is larger (it then gets a
+# file of its own). A reader fetches and digest-checks each file whole before torch reads it, so smaller files
+# let the next file's fetch and digest overlap loading the current one and keep the reader's buffers to a few
+# files. Within the store's S3 write block a file also goes out as one PUT rather than a multipart upload
+# (create, parts, complete: three requests more), and the files of a rank upload in parallel.
+DEFAULT_MAX_SHARD_BYTES = WRITE_BLOCK_SIZE - (64 << 10)
+
+
+def _cost(wi: WriteItem) -> int:
+    """What an item adds to its file: its bytes and torch.save's framing."""
+    return (_item_size(wi) if wi.type != WriteItemType.BYTE_IO else 0) + ITEM_FRAMING_BYTES  # private DCP helper
+
+
+def _pack(items: list[WriteItem], files: int, cap: int) -> list[list[WriteItem]]:
+    """Items into at least `files` files of at most `cap` bytes each (framing counted): the largest first,
+    each into the least-filled file, or into a new file when even that one has no room for it (then none
+    has). An item larger than `cap` gets a file of its own. Balanced like DCP's split, but capped."""
+    heap: list[tuple[int, int]] = [(0, i) for i in range(files)]
+    buckets: list[list[WriteItem]] = [[] for _ in range(files)]
+    for wi in sorted(items, key=_cost, reverse=True):
+        load, i = heap[0]
+        if load and load + _cost(wi) > cap:
+            i = len(buckets)
+            buckets.append([])
+            heapq.heappush(heap, (_cost(wi), i))
+        else:
+            heapq.heapreplace(heap, (load + _cost(wi), i))
+        buckets[i].append(wi)
+    return [b for b in buckets if b]
 
 
 def shard_plan(
@@ -133,21 +165,22 @@ def shard_plan(
 ) -> list[tuple[str, list[WriteItem]]]:
     """How one rank's items go into files, named as DCP names them (`__{rank}_{n}.distcp`).
 
-    The tensors above SMALL_ITEM_BYTES are split as DCP's FileSystemWriter splits them (by size over
-    `thread_count` files), into more files if needed so that none holds more than `max_shard_bytes`
-    (None: no limit, DCP's own split); then the small items get a file of their own. No empty files.
+    The tensors above SMALL_ITEM_BYTES go into at least `thread_count` files, balanced by size, none above
+    `max_shard_bytes` with its framing (an item larger than that gets a file of its own); then the small items
+    get files of their own, capped the same way. None: DCP's own split (`thread_count` files, uncapped). No
+    empty files.
     """
 
     def small(wi: WriteItem) -> bool:
         return wi.type == WriteItemType.BYTE_IO or _item_size(wi) <= SMALL_ITEM_BYTES  # private DCP helper
 
     bulk = [wi for wi in items if not small(wi)]
-    bins = thread_count
-    if max_shard_bytes and bulk:
-        bins = max(bins, -(-sum(_item_size(wi) for wi in bulk) // max_shard_bytes))
-    buckets = [b for b in _split_by_size_and_type(bins, bulk) if b] if bulk else []  # private DCP helper
-    if any(small(wi) for wi in items):
-        buckets.append([wi for wi in items if small(wi)])
+    rest = [wi for wi in items if small(wi)]
+    if max_shard_bytes is None:
+        buckets = [b for b in _split_by_size_and_type(thread_count, bulk) if b] if bulk else []  # private DCP helper
+        buckets += [rest] if rest else []
+    else:
+        buckets = _pack(bulk, thread_count, max_shard_bytes) + _pack(rest, 1, max_shard_bytes)
     return [(shard_name(rank_prefix, n), bucket) for n, bucket in enumerate(buckets)]
 
 
@@ -221,6 +254,50 @@ def write_shards(
     while not result_queue.empty():
         results.extend(result_queue.get_nowait())
     return results
+
+
+class _ViewStream(io.RawIOBase):
+    """A seekable read-only stream over a memoryview, for torch's zip reader (which reads the archive's
+    directory and small records through it, never the tensor data)."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view = view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        n = max(0, min(len(out), len(self._view) - self._pos))
+        out[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
+def load_tensor_view(item: memoryview) -> torch.Tensor:
+    """One tensor item (DCP writes each as a torch.save archive) loaded as `torch.load(weights_only=True)`
+    loads it, by torch's own loader and weights-only unpickler, but with the tensor's storage viewing `item`
+    instead of a copy of it, as `torch.load(mmap=True)` views a file: `item` is passed as the archive's
+    overall storage. The tensor is valid only while `item` is (the caller copies it into place at once).
+    A storage the archive places outside `item` is cut at its end, and torch then refuses the tensor."""
+    storage = torch.frombuffer(item, dtype=torch.uint8).untyped_storage()
+    stream = cast(BinaryIO, _ViewStream(item))
+    with _open_zipfile_reader(stream) as archive:  # private torch.serialization helper
+        tensor = _load(archive, "cpu", _weights_only_unpickler, overall_storage=storage, encoding="utf-8")
+    return cast(torch.Tensor, tensor)
 
 
 def metadata_bytes(metadata: Metadata, results: Sequence[WriteResult], storage_meta: StorageMeta | None) -> bytes:

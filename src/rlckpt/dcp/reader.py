@@ -21,26 +21,35 @@ import os
 import shutil
 import tempfile
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
+import torch
+from torch.distributed._shard._utils import narrow_tensor_by_index  # where DCP's read loop imports it from
 from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
-from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, ReadItem
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 
 from rlckpt.errors import CorruptBundleError, RlckptError, ShardedCheckpointError, UncommittedBundleError
-from rlckpt.store import READ_BUFFERS, Bundle, BundleStore, VerifyKey, join_relpath, validate_relpath
+from rlckpt.store import READ_BUFFERS, Bundle, BundleStore, FileEntry, VerifyKey, join_relpath, validate_relpath
 
-from ._format import DEFAULT_PREFIX, METADATA_NAME
+from ._format import DEFAULT_PREFIX, METADATA_NAME, load_tensor_view
 from ._plan import BundleRef
 from ._safe_unpickle import VettedBytesPlanner, load_metadata
 from ._slices import check_slices, unloadable_item
 
-# A shard file up to this size is read into memory (a reused buffer, hashed as it lands, no disk copy); a
-# larger one is copied to the spool dir and checked there. rlckpt's writer keeps its files far below it
-# (DEFAULT_MAX_SHARD_BYTES); files of another writer may be of any size.
+# A shard file up to this size, or holding a single item, is read into memory (a reused buffer, hashed as it
+# lands, no disk copy); a larger one is copied to the spool dir and checked there. rlckpt's writer keeps its
+# files far below it (DEFAULT_MAX_SHARD_BYTES) unless one item is larger; files of another writer may be of
+# any size.
 IN_MEMORY_MAX = 64 << 20
+
+# Checked files a rank's load holds in memory at once, fetched ahead of the one being loaded: a few of
+# rlckpt's shard files (at most 16 MiB each), enough to keep the next file's fetch and digest beside loading
+# the current one. A single file larger than this is held alone.
+READ_AHEAD_BYTES = 48 << 20
 
 
 class _BufferStream(io.RawIOBase):
@@ -52,6 +61,11 @@ class _BufferStream(io.RawIOBase):
         self._view = view
         self._pos = 0
         self._release = release
+
+    @property
+    def view(self) -> memoryview:
+        """The checked bytes themselves (valid until the stream is closed)."""
+        return self._view
 
     def readable(self) -> bool:
         return True
@@ -93,54 +107,106 @@ class _BufferStream(io.RawIOBase):
 
 
 class _Prefetch:
-    """The shard files one rank's load plan needs, in the order DCP's read loop will want them, fetched
-    ahead by `workers` threads and at most `workers` + 1 files ahead of the loop (memory and spool stay
-    bounded). Every fetch is digest-checked before its bytes are handed out: an uncompressed file up to
-    IN_MEMORY_MAX is read into a buffer of the process's READ_BUFFERS pool (reused from load to load, so
-    its pages are faulted in once) and hashed as it lands; a compressed one by `Bundle.read_bytes`; a
-    larger one by `Bundle.get_file` into a private spool dir. Fetching and hashing the next files (on
-    other cores) overlaps torch loading the current one."""
+    """The shard files one rank's load plan needs, in the order the read loop will want them, fetched ahead by
+    `workers` threads while what they hold stays within `budget` bytes (READ_AHEAD_BYTES): a file is started
+    only if it fits beside the files fetched and not yet closed by the loop (the one being loaded included),
+    or when none is held (so a file larger than the budget is read alone). Memory is bounded by the budget, or
+    by one such file, whatever the number and size of the files.
 
-    def __init__(self, bundle: Bundle, relpaths: list[str], workers: int, spool_dir: str | None) -> None:
+    Every fetch is digest-checked before its bytes are handed out. An uncompressed file up to IN_MEMORY_MAX,
+    or one that holds a single item (what DCP's own load allocates for that item anyway), is read into a
+    buffer of the process's READ_BUFFERS pool (reused from load to load, so its pages are faulted in once) and
+    hashed as it lands; a compressed one by `Bundle.read_bytes`; a larger one by `Bundle.get_file` into a
+    private spool dir. Fetching and hashing the next files (on other cores) overlaps loading the current one."""
+
+    def __init__(
+        self,
+        bundle: Bundle,
+        relpaths: list[str],
+        workers: int,
+        spool_dir: str | None,
+        single_item: frozenset[str] = frozenset(),
+        budget: int | None = None,
+    ) -> None:
         self.bundle = bundle
         self.spool_dir = spool_dir
+        self.budget = READ_AHEAD_BYTES if budget is None else budget
+        self._single_item = single_item
         self._dir: str | None = None
         self._pool = ThreadPoolExecutor(
             max_workers=max(1, min(workers, len(relpaths) or 1)), thread_name_prefix="rlckpt-dcp-fetch"
         )
         self._order = list(relpaths)
-        self._window = max(1, workers) + 1
         self._next = 0
         self._futures: dict[str, Future[io.IOBase]] = {}
+        self._held = 0  # bytes of the files fetched (or being fetched) into memory and not closed yet
+        self.peak_held = 0  # the most ever held at once (tests read the bound off it)
         self._lock = threading.Lock()
+        self._closed = False
         self._ahead()
 
-    def _ahead(self) -> None:
-        with self._lock:
-            while self._next < len(self._order) and len(self._futures) < self._window:
-                rel = self._order[self._next]
-                self._next += 1
-                if rel not in self._futures:
-                    self._futures[rel] = self._pool.submit(self._fetch, rel)
-
-    def _fetch(self, relpath: str) -> io.IOBase:
+    def _entry(self, relpath: str) -> FileEntry:
         try:
-            entry = self.bundle.manifest.files[relpath]
+            return self.bundle.manifest.files[relpath]
         except KeyError:
             raise CorruptBundleError(
                 f"step {self.bundle.step} at {self.bundle.url}: its DCP metadata names {relpath}, "
                 "which the bundle does not hold"
             ) from None
-        if entry.compression is None and entry.size <= IN_MEMORY_MAX:
+
+    def _in_memory(self, entry: FileEntry, relpath: str) -> bool:
+        return entry.compression is None and (entry.size <= IN_MEMORY_MAX or relpath in self._single_item)
+
+    def _cost(self, relpath: str) -> int:
+        """The memory a fetch of `relpath` holds until its stream is closed (a spooled file holds disk)."""
+        entry = self.bundle.manifest.files.get(relpath)
+        if entry is None:
+            return 0
+        if self._in_memory(entry, relpath):
+            return entry.size
+        return entry.logical_size if entry.logical_size <= IN_MEMORY_MAX else 0
+
+    def _ahead(self) -> None:
+        with self._lock:
+            while self._next < len(self._order) and not self._closed:
+                rel = self._order[self._next]
+                cost = self._cost(rel)
+                if self._held and self._held + cost > self.budget:
+                    return  # wait until the loop closes a file
+                self._next += 1
+                if rel not in self._futures:
+                    self._start(rel, cost)
+
+    def _start(self, relpath: str, cost: int) -> None:
+        """Begin fetching `relpath`, counting `cost` as held until its stream closes (the caller holds the lock)."""
+        self._held += cost
+        self.peak_held = max(self.peak_held, self._held)
+        self._futures[relpath] = self._pool.submit(self._fetch, relpath, cost)
+
+    def _released(self, cost: int) -> None:
+        with self._lock:
+            self._held -= cost
+        self._ahead()
+
+    def _fetch(self, relpath: str, cost: int) -> io.IOBase:
+        try:
+            return self._fetch_checked(relpath, functools.partial(self._released, cost))
+        except BaseException:
+            self._released(cost)
+            raise
+
+    def _fetch_checked(self, relpath: str, on_close: Callable[[], None]) -> io.IOBase:
+        entry = self._entry(relpath)
+        if self._in_memory(entry, relpath):
             buffer = READ_BUFFERS.take(entry.size + 1)
             try:
                 view = self.bundle.read_into(relpath, buffer)
             except BaseException:
                 READ_BUFFERS.give(buffer)
                 raise
-            return _BufferStream(view, functools.partial(READ_BUFFERS.give, buffer))
+            return _BufferStream(view, _both(functools.partial(READ_BUFFERS.give, buffer), on_close))
         if entry.logical_size <= IN_MEMORY_MAX:
-            return io.BytesIO(self.bundle.read_bytes(relpath))
+            return _ClosingBytes(self.bundle.read_bytes(relpath), on_close)
         with self._lock:
             if self._dir is None:
                 self._dir = tempfile.mkdtemp(prefix="rlckpt-dcp-load-", dir=self.spool_dir)
@@ -148,26 +214,28 @@ class _Prefetch:
         self.bundle.get_file(relpath, local)
         stream = open(local, "rb")  # noqa: SIM115 - handed to the read loop, closed there
         os.remove(local)  # the open stream keeps the checked copy until it is closed
+        on_close()  # on disk: it holds no memory
         return stream
 
     def take(self, relpath: str) -> io.IOBase:
-        """The checked contents of `relpath` as a readable, seekable stream (waits for its fetch)."""
+        """The checked contents of `relpath` as a readable, seekable stream (waits for its fetch). Close it
+        as soon as it is read: the files after it are fetched as closed ones make room."""
         with self._lock:
             future = self._futures.get(relpath)
-            if future is None:  # not in the plan's order (DCP asked for another file): fetch it now
-                future = self._futures[relpath] = self._pool.submit(self._fetch, relpath)
+            if future is None:  # not in the plan's order (the loop asked for another file): fetch it now
+                self._start(relpath, self._cost(relpath))
+                future = self._futures[relpath]
         try:
             return future.result()
         finally:
             with self._lock:
                 self._futures.pop(relpath, None)
-            self._ahead()
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             pending = list(self._futures.values())
             self._futures.clear()
-            self._next = len(self._order)
         for future in pending:
             future.cancel()
         self._pool.shutdown(wait=True)
@@ -176,6 +244,30 @@ class _Prefetch:
                 future.result().close()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _both(first: Callable[[], object], second: Callable[[], object]) -> Callable[[], None]:
+    def run() -> None:
+        try:
+            first()
+        finally:
+            second()
+
+    return run
+
+
+class _ClosingBytes(io.BytesIO):
+    """Checked, inflated bytes in memory; `on_close` runs once when the read loop closes them."""
+
+    def __init__(self, data: bytes, on_close: Callable[[], None]) -> None:
+        super().__init__(data)
+        self._on_close: Callable[[], None] | None = on_close
+
+    def close(self) -> None:
+        on_close, self._on_close = self._on_close, None
+        super().close()
+        if on_close is not None:
+            on_close()
 
 
 class _BundleFiles(FileSystemBase):
@@ -379,26 +471,31 @@ class BundleStorageReader(FileSystemReader):
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Any:
-        """DCP's own read loop (FileSystemReader.read_data) over checked local copies of the shard files,
-        which are fetched ahead, a few at a time, in the order the loop will want them. Every item's slice
-        is checked against its file's size first; the planner sees non-tensor items only through
-        VettedBytesPlanner; what torch raises for an item becomes a CorruptBundleError naming the item and
-        its file."""
+        """DCP's own read loop (FileSystemReader.read_data: per file, per item, DCP's slicing, transforms and
+        `torch.load(weights_only=True)`) over checked copies of the shard files, which are fetched ahead in the
+        order the loop wants them, within READ_AHEAD_BYTES. Every item's slice is checked against its file's
+        size first; a tensor item of a file held in memory is loaded by torch's weights-only loader with its
+        storage viewing the checked buffer (`load_tensor_view`: no copy between the fetch and the caller's
+        tensor but DCP's own `copy_`); the planner sees non-tensor items only through VettedBytesPlanner; what
+        torch raises for an item becomes a CorruptBundleError naming the item and its file."""
         planned = [item.storage_index for item in plan.items]
         check_slices(self.storage_data, planned, self.bundle, self.prefix, self._metadata_relpath)
         # no two items share a record now (check_slices refuses overlaps), so a record names its item
         self._items = {id(info): index for index, info in self.storage_data.items()}
         self._files.item = None
-        needed = list(
-            dict.fromkeys(
-                os.fspath(self.fs.concat_path(self.path, self.storage_data[item.storage_index].relative_path))
-                for item in plan.items
-            )
-        )
-        prefetch = _Prefetch(self.bundle, needed, self.fetch_workers, self.spool_dir)
+        per_file: dict[str, list[ReadItem]] = {}
+        for item in plan.items:
+            per_file.setdefault(self._relpath(self.storage_data[item.storage_index]), []).append(item)
+        items_in: Counter[str] = Counter(self._relpath(info) for info in self.storage_data.values())
+        single = frozenset(rel for rel in per_file if items_in[rel] == 1)
+        prefetch = _Prefetch(self.bundle, list(per_file), self.fetch_workers, self.spool_dir, single)
         self._files.prefetch = prefetch
+        vetted = VettedBytesPlanner(planner, self._item_origin)
         try:
-            return super().read_data(plan, VettedBytesPlanner(planner, self._item_origin))
+            for relpath, requests in per_file.items():
+                with self._files.create_stream(relpath, "rb") as stream:
+                    for request in requests:
+                        self._load_item(stream, request, vetted)
         except RlckptError:
             raise
         except Exception as exc:
@@ -407,8 +504,47 @@ class BundleStorageReader(FileSystemReader):
             relpath, index, info = self._files.item
             raise unloadable_item(self.bundle, relpath, index, info, exc) from exc
         finally:
+            self._files.item = None
             self._files.prefetch = None
             prefetch.close()
+        done: torch.futures.Future[None] = torch.futures.Future()
+        done.set_result(None)
+        return done
+
+    def _relpath(self, info: Any) -> str:
+        return os.fspath(self.fs.concat_path(self.path, info.relative_path))
+
+    def _load_item(self, stream: io.IOBase, request: ReadItem, planner: LoadPlanner) -> None:
+        """One item, as DCP's FileSystemReader.read_data loads it (the same checks and calls, in order)."""
+        info = self.storage_data[request.storage_index]
+        if request.type == LoadItemType.BYTE_IO:
+            source = self.transforms.transform_load_stream(
+                request, info.transform_descriptors or (), self._slice_file(stream, info)
+            )
+            data = io.BytesIO(source.read(-1))
+            data.seek(0)
+            planner.load_bytes(request, data)
+            return
+        tensor = self._tensor(stream, request, info)
+        tensor = narrow_tensor_by_index(tensor, request.storage_offsets, request.lengths)
+        target = planner.resolve_tensor(request).detach()
+        if target.size() != tensor.size():
+            raise AssertionError(f"req {request.storage_index} mismatch sizes {target.size()} vs {tensor.size()}")
+        target.copy_(tensor)
+        planner.commit_tensor(request, target)
+        # `tensor` may view the pooled buffer of `stream`: it ends here, before the stream gives the buffer back
+
+    def _tensor(self, stream: io.IOBase, request: ReadItem, info: Any) -> torch.Tensor:
+        """A tensor item: viewing the checked buffer when the file is in memory and the item is stored plain
+        (no transform), else through DCP's transforms and torch.load, as DCP loads it."""
+        file_slice = self._slice_file(stream, info)  # remembers the item being loaded
+        if isinstance(stream, _BufferStream) and not info.transform_descriptors and info.length > 0:
+            return load_tensor_view(stream.view[info.offset : info.offset + info.length])
+        source = self.transforms.transform_load_stream(request, info.transform_descriptors or (), file_slice)
+        if not source.seekable():
+            source = io.BytesIO(source.read(-1))
+            source.seek(0)
+        return cast(torch.Tensor, torch.load(source, map_location="cpu", weights_only=True))
 
     def _slice_file(self, file: Any, sinfo: Any) -> Any:
         """DCP's slice of one item (bounds checked in read_data), remembered as the item being loaded."""

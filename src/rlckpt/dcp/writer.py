@@ -16,10 +16,13 @@ nothing is written in place over an older checkpoint. The coordinator's `finish(
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
+import threading
 import uuid
 import weakref
+from collections import OrderedDict
 from typing import Any
 
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -44,6 +47,29 @@ from ._format import DEFAULT_MAX_SHARD_BYTES, DEFAULT_PREFIX, METADATA_NAME, met
 from ._plan import RankPlan, receipt_result, split_receipts
 
 log = logging.getLogger(__name__)
+
+
+# Stores a process keeps for the joined writers of its saves, by run URL and options: a trainer rank makes a new
+# writer per save, and a new store would build a new S3 client (about 0.3 s, and new connections) each time.
+_STORES: OrderedDict[tuple[str, str], BundleStore] = OrderedDict()
+_STORES_MAX = 4
+_STORES_LOCK = threading.Lock()
+
+
+def process_store(url: str, storage_options: dict[str, Any]) -> BundleStore:
+    """The store this process uses for `url` with these options: made once, then reused (connections kept)."""
+    key = (url, json.dumps(storage_options, sort_keys=True, default=repr))
+    with _STORES_LOCK:
+        store = _STORES.get(key)
+        if store is not None:
+            _STORES.move_to_end(key)
+            return store
+    store = BundleStore(url, storage_options)
+    with _STORES_LOCK:
+        _STORES[key] = store
+        while len(_STORES) > _STORES_MAX:
+            _STORES.popitem(last=False)
+    return store
 
 
 def _abort_left_open(txn: BundleTransaction) -> None:
@@ -261,7 +287,11 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         if self.joined:
             # Join while planning: a transaction that is not running stops every rank before any byte is written.
-            self._part = BundleStore.join(self._handle, self.participant)  # type: ignore[arg-type]
+            assert self._handle is not None
+            self._part = process_store(self._handle.url, self._handle.storage_options).participant(
+                self._handle,
+                self.participant,  # type: ignore[arg-type]
+            )
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:

@@ -18,12 +18,16 @@ POOL_MAX_IDLE = 256 << 20  # idle bytes a pool keeps; a buffer given back beyond
 class BufferPool:
     """Byte buffers lent out and given back. `take(n)` is an idle buffer of at least n bytes, or a new one
     (zero-filled, so its pages are faulted in once, here); `give(buf)` keeps it for the next `take` while
-    the idle total stays within `max_idle` bytes. A buffer must not be used once it is given back."""
+    the idle total stays within `max_idle` bytes. A buffer must not be used once it is given back.
+    `lent_bytes` is what is lent out now, `peak_lent` the most that ever was (what a reader's bound is
+    checked against)."""
 
     def __init__(self, max_idle: int = POOL_MAX_IDLE) -> None:
         self.max_idle = max_idle
         self._idle: list[bytearray] = []
         self._idle_bytes = 0
+        self._lent = 0
+        self.peak_lent = 0
         self._lock = threading.Lock()
 
     def take(self, size: int) -> bytearray:
@@ -34,12 +38,19 @@ class BufferPool:
                 buf = min(fits, key=len)
                 self._idle.remove(buf)
                 self._idle_bytes -= len(buf)
-                return buf
-        return bytearray(-(-max(size, 1) // SIZE_STEP) * SIZE_STEP)
+            else:
+                buf = None
+        if buf is None:
+            buf = bytearray(-(-max(size, 1) // SIZE_STEP) * SIZE_STEP)
+        with self._lock:
+            self._lent += len(buf)
+            self.peak_lent = max(self.peak_lent, self._lent)
+        return buf
 
     def give(self, buf: bytearray) -> None:
         """Return a buffer from `take`; the smallest idle ones make room for it, or it is freed."""
         with self._lock:
+            self._lent -= len(buf)
             if len(buf) > self.max_idle:
                 return
             self._idle.append(buf)
@@ -63,6 +74,11 @@ class BufferPool:
     def idle_bytes(self) -> int:
         with self._lock:
             return self._idle_bytes
+
+    @property
+    def lent_bytes(self) -> int:
+        with self._lock:
+            return self._lent
 
 
 READ_BUFFERS = BufferPool()

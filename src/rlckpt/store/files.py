@@ -4,17 +4,18 @@ go. The coordinator's BundleTransaction and every participant's ParticipantWrite
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import BinaryIO
 
 from rlckpt.errors import InvalidPathError, LostWriteError, TransactionStateError
 from rlckpt.formats import quoted
 
-from .backends import Backend
+from .backends import Backend, PendingWrite
 from .buffers import READ_BUFFERS
 from .compression import DEFAULT_LEVEL, check_compression
 from .hashing_writer import HashingWriter
@@ -26,6 +27,9 @@ from .storage_errors import describe_cause, unavailable_as_store_error
 log = logging.getLogger(__name__)
 
 COPY_CHUNK = 8 << 20
+
+# What a failed background finish may leave to the commit's listing check, by whether the file was in place.
+_LEFT_TO_THE_LISTING: dict[bool, tuple[type[BaseException], ...]] = {True: (FileNotFoundError,), False: ()}
 
 
 class FileWriter:
@@ -44,9 +48,11 @@ class FileWriter:
         self._open: dict[str, HashingWriter] = {}
         self._paths = PathSet()  # every name above: written or open
         self._lock = threading.Lock()
-        # Kept files still being made durable (their fsync), beside the writing and hashing of the next ones.
-        self._syncing: list[tuple[str, Future[None]]] = []
+        # Kept files still being made durable (an fsync, the last requests of an upload), beside the writing and
+        # hashing of the next ones.
+        self._syncing: list[tuple[str, Future[None], PendingWrite]] = []
         self._sync_pool: ThreadPoolExecutor | None = None
+        self._failed: tuple[str, BaseException] | None = None  # the first of those that failed
         self._state = "open"
 
     @contextlib.contextmanager
@@ -95,6 +101,10 @@ class FileWriter:
         check_compression(compression)
         with self._lock:
             self._check_open()
+            if self._failed is not None:  # a file finishing in the background failed: nothing will be committed
+                relpath_failed, failure = self._failed
+                with self._storage(f"syncing {relpath_failed}"):
+                    raise failure
             self._reserve(relpath)
             try:
                 with self._storage(f"opening {relpath}"):
@@ -128,30 +138,84 @@ class FileWriter:
         if durable is not None:
             self._in_background(writer.relpath, durable)
 
-    def _in_background(self, relpath: str, durable: Callable[[], None]) -> None:
-        """Make a kept file durable on the writer's sync threads (as many as its writing threads, so that
-        `put_dir` syncs as many files at once as it writes), while the caller goes on to its next file: the
-        disk flushes one file while the next is written and hashed."""
+    def _in_background(self, relpath: str, pending: PendingWrite) -> None:
+        """Make a kept file durable on the writer's finishing threads (as many as its writing threads, so that
+        `put_dir` finishes as many files at once as it writes), while the caller goes on to its next file: the
+        disk flushes one file, or its last parts upload, while the next is written and hashed."""
         with self._lock:
-            if self._sync_pool is None:
-                self._sync_pool = ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="rlckpt-fsync")
-            self._syncing.append((relpath, self._sync_pool.submit(durable)))
+            aborted = self._state == "aborted"  # an abort came between this file's close and here
+            if not aborted:
+                if self._sync_pool is None:
+                    self._sync_pool = ThreadPoolExecutor(
+                        max_workers=self.max_workers, thread_name_prefix="rlckpt-finish"
+                    )
+                done = self._sync_pool.submit(pending.complete)
+                self._syncing.append((relpath, done, pending))
+        if aborted:
+            pending.abandon()
+        else:
+            done.add_done_callback(functools.partial(self._note_failure, relpath, pending.in_place))
+
+    def _note_failure(self, relpath: str, in_place: bool, done: Future[None]) -> None:
+        """Remember the first file that failed to finish as `_wait_durable` would fail: the writer's next `open`
+        raises it at once."""
+        failure = None if done.cancelled() else done.exception()
+        if failure is None or isinstance(failure, _LEFT_TO_THE_LISTING[in_place]):
+            return
+        with self._lock:
+            if self._failed is None:
+                self._failed = (relpath, failure)
 
     def _wait_durable(self) -> None:
-        """Every kept file durable: waits for the background syncs; the first failure is raised, naming the file
-        (then nothing may be sealed or committed). A file removed behind the writer's back before its sync is
-        left to the commit's listing check, which names it as every reader would."""
+        """Every kept file durable: waits for every background finish, then raises the first failure, naming the
+        file (then nothing may be sealed or committed, and nothing is left in flight for the abort that
+        follows). A file in place removed behind the writer's back before its fsync is left to the commit's
+        listing check, which names it as every reader would; an upload that cannot complete because gc aborted
+        it is a LostWriteError naming the file and the cause."""
         with self._lock:
             pending, self._syncing = self._syncing, []
-        for relpath, done in pending:
-            with self._storage(f"syncing {relpath}"), contextlib.suppress(FileNotFoundError):
-                done.result()
+        failure: BaseException | None = None
+        for relpath, done, write in pending:
+            try:
+                with self._storage(f"syncing {relpath}"), contextlib.suppress(*_LEFT_TO_THE_LISTING[write.in_place]):
+                    done.result()
+            except BaseException as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+
+    def _settle_background(self) -> None:
+        """An abort: what has not begun to finish is abandoned (it will never appear), what has is waited for;
+        afterwards nothing of this writer is in flight, so what the abort lists is all there is to remove."""
+        with self._lock:
+            pending, self._syncing = self._syncing, []
+        for relpath, done, write in pending:
+            try:
+                if done.cancel():
+                    write.abandon()
+                else:
+                    done.result()
+            except BaseException:
+                log.warning("%s: finishing %s of step %s failed during an abort", self.who, relpath, self.step)
 
     def write_bytes(self, relpath: str, data: bytes, compression: str | None = None) -> FileEntry:
-        """Write a whole file from memory."""
+        """Write a whole file from memory; readers see it in place when this returns (its durability may still
+        be under way: local disk fsyncs in the background). A stream's file, from `open`, `put_file` or
+        `put_dir`, may appear only as it finishes in the background (an S3 upload), which the seal or commit
+        waits for."""
         with self.open(relpath, compression=compression) as stream:
             stream.write(data)
+        self._wait_in_place(relpath)
         return self._files[relpath]
+
+    def _wait_in_place(self, relpath: str) -> None:
+        """Wait until the kept file `relpath` is in place, if finishing it in the background puts it there
+        (raises, naming it, if that failed)."""
+        with self._lock:
+            found = [done for rel, done, pending in self._syncing if rel == relpath and not pending.in_place]
+        for done in found:
+            with self._storage(f"syncing {relpath}"):
+                done.result()
 
     def put_file(self, relpath: str, local_path: str | os.PathLike[str], compression: str | None = None) -> FileEntry:
         """Copy a local file in, through a reused buffer, hashing (and compressing) each piece as it passes."""
@@ -205,12 +269,14 @@ class FileWriter:
             return dict(self._files)
 
     def _stop(self, state: str) -> list[HashingWriter]:
-        """Move to `state` (no more writes); returns the writers still open, for the caller to discard. The
-        sync thread ends once what it was given is done."""
+        """Move to `state` (no more writes); returns the writers still open, for the caller to discard. Files
+        still finishing in the background are settled first (an abort leaves none of them in flight)."""
         with self._lock:
             self._state = state
-            pool, self._sync_pool = self._sync_pool, None
             writers = list(self._open.values())
+        self._settle_background()
+        with self._lock:
+            pool, self._sync_pool = self._sync_pool, None
         if pool is not None:
             pool.shutdown(wait=False)
         return writers

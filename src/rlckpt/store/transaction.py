@@ -188,6 +188,7 @@ class BundleTransaction(FileWriter):
 
     def _publish_replica(self, own: dict[str, FileEntry], records: CommitRecords) -> tuple[Manifest, RosterState]:
         where = f"replica of step {self.step} (txid {self.txid}) at {self.url}"
+        self._wait_durable()  # as a commit: every file in place and durable (uploads finish in the background)
         try:
             checked = check_records(self.step, records.marker, records.manifest_bytes, where)
         except CorruptBundleError as exc:

@@ -1,9 +1,12 @@
 """A fault-injecting wrapper around a real fsspec filesystem: counts storage calls and fails the k-th.
 
 Every method call on the filesystem and on the files it opens (write/read/flush/close/commit/discard)
-is one "storage call". `fail_at=k` makes call number k (1-based) raise InjectedFault; with
-`sticky=True` every later call fails too (a process that died at call k). The wrapped filesystem is
-real (local disk, s3fs): nothing of fsspec is mocked.
+is one "storage call"; an S3 request made through s3fs's client (`call_s3` or its async `_call_s3`, as the
+store's parallel uploads make them) is recorded with its operation, e.g. `_call_s3:upload_part`.
+`fail_at=k` makes call number k (1-based) raise InjectedFault; with `sticky=True` every later call fails
+too (a process that died at call k). With `only="upload_part"`, only the calls whose name ends so are
+counted for `fail_at` (the k-th part uploaded fails, wherever it falls among the other calls). The wrapped
+filesystem is real (local disk, s3fs): nothing of fsspec is mocked.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+S3_REQUESTS = frozenset({"call_s3", "_call_s3"})  # s3fs's client: the first argument names the operation
 FILE_METHODS = frozenset({"write", "read", "flush", "close", "commit", "discard", "readinto", "seek"})
 PASSTHROUGH = frozenset(
     {"protocol", "root_marker", "sep", "_strip_protocol", "_parent", "split_path", "unstrip_protocol"}
@@ -24,10 +28,12 @@ class InjectedFault(OSError):
 class FaultPlan:
     """Shared counter of storage calls and the rule for which one fails."""
 
-    def __init__(self, fail_at: int | None = None, sticky: bool = False) -> None:
+    def __init__(self, fail_at: int | None = None, sticky: bool = False, only: str | None = None) -> None:
         self.fail_at = fail_at
         self.sticky = sticky
+        self.only = only
         self.calls: list[str] = []
+        self._counted = 0
         self._lock = threading.Lock()
 
     @property
@@ -37,7 +43,11 @@ class FaultPlan:
     def tick(self, name: str) -> None:
         with self._lock:
             self.calls.append(name)
-            n = len(self.calls)
+            if self.only is None or name.endswith(self.only):
+                self._counted += 1
+            elif not (self.sticky and self.fail_at is not None and self._counted >= self.fail_at):
+                return
+            n = self._counted
         if self.fail_at is not None and (n == self.fail_at or (self.sticky and n > self.fail_at)):
             raise InjectedFault(f"injected fault at storage call {n} ({name})")
 
@@ -92,7 +102,7 @@ class FaultyFileSystem:
             return attr
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            self.plan.tick(name)
+            self.plan.tick(f"{name}:{args[0]}" if name in S3_REQUESTS and args else name)
             result = attr(*args, **kwargs)
             return _FaultyFile(result, self.plan) if name == "open" else result
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Backend, CommitView, Listing
+from .base import Backend, CommitView, Listing, PendingWrite
 from .local import LocalBackend
 from .object_store import ObjectBackend
 from .s3 import S3Backend
@@ -15,6 +15,7 @@ __all__ = [
     "Listing",
     "LocalBackend",
     "ObjectBackend",
+    "PendingWrite",
     "S3Backend",
     "make_backend",
 ]

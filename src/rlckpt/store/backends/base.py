@@ -31,6 +31,24 @@ class Listing:
     strangers: tuple[str, ...] = ()
 
 
+def _nothing() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class PendingWrite:
+    """What is left of a kept file once `finish_write` returned: `complete()` makes it durable (local disk: its
+    fsync; S3: the last requests of its upload), run by the writer in the background beside writing and hashing
+    its next files, and waited for before it seals or commits; it raises if that failed. `in_place` says whether
+    readers (and a listing) see the file already, before `complete()` (local disk), or only after it (S3).
+    `abandon()` is called instead when the writer aborts before `complete()` ran: the file must then never
+    appear, and nothing of it may be left in flight (an abort removes what it finds right after)."""
+
+    complete: Callable[[], None]
+    abandon: Callable[[], None] = _nothing
+    in_place: bool = True
+
+
 @dataclass(frozen=True)
 class CommitView:
     """What a reader fetched to decide whether a step is visible: the bytes of COMMIT and manifest.json
@@ -209,9 +227,9 @@ class Backend(abc.ABC):
         """A writable binary file that publishes nothing until finish_write(ok=True)."""
 
     @abc.abstractmethod
-    def finish_write(self, raw: Any, path: str, ok: bool) -> Callable[[], None] | None:
+    def finish_write(self, raw: Any, path: str, ok: bool) -> PendingWrite | None:
         """Keep (ok) or discard the file opened by open_write. May return what is left to make a kept file
-        durable (local disk: its fsync), for the writer to run in the background, beside writing and
+        durable and visible (PendingWrite), for the writer to run in the background, beside writing and
         hashing its next file, and to wait for before it seals or commits."""
 
     def make_durable(self, path: str) -> None:

@@ -34,7 +34,7 @@ from rlckpt.errors import (
 
 from ..inventory import DIRECTORY, FILE, ListedPath
 from ..paths import COMMIT_NAME, MANIFEST_NAME, QUARANTINE_DIR, RESERVED_NAMES, TMP_DIR
-from .base import READ_CHUNK, Backend, Inventory, Listing
+from .base import READ_CHUNK, Backend, Inventory, Listing, PendingWrite
 from .beneath import RunRoot, fsync_tree, kind_of, named, open_for_write, pinned_path, refusal, walk
 
 log = logging.getLogger(__name__)
@@ -295,10 +295,10 @@ class LocalBackend(Backend):
         with self._nothing_in_the_way(path), self._new_file(path) as (_fd, pinned):
             return self.fs.open(pinned, "wb")
 
-    def finish_write(self, raw: Any, path: str, ok: bool) -> Callable[[], None] | None:
+    def finish_write(self, raw: Any, path: str, ok: bool) -> PendingWrite | None:
         raw.close()
         if ok:
-            return functools.partial(self._fsync_file, path)
+            return PendingWrite(complete=functools.partial(self._fsync_file, path))
         with contextlib.suppress(FileNotFoundError):
             self.remove_file(path)
         return None

@@ -18,10 +18,12 @@ from rlckpt.errors import BundleExistsError
 from ..inventory import FILE, Inventory, ListedPath
 from ..paths import COMMIT_NAME, MANIFEST_NAME, PROBE_DIR, QUARANTINE_DIR, RESERVED_NAMES, step_dirname
 from ..storage_errors import is_precondition_failed
-from .base import Backend, CommitView, Listing
+from .base import Backend, CommitView, Listing, PendingWrite
 
 log = logging.getLogger(__name__)
 
+# A file up to this size is written as one request (PUT): the S3 backend's part size, and the block of
+# fsspec's buffered files on other object stores.
 WRITE_BLOCK_SIZE = 16 << 20
 
 
@@ -176,7 +178,7 @@ class ObjectBackend(Backend):
         the partial object (e.g. a writer dropped in a reference cycle, whose finalizers run in any order)."""
         return self.fs.open(path, "wb", autocommit=False, block_size=WRITE_BLOCK_SIZE)
 
-    def finish_write(self, raw: Any, path: str, ok: bool) -> None:  # an uploaded object is durable
+    def finish_write(self, raw: Any, path: str, ok: bool) -> PendingWrite | None:  # an uploaded object is durable
         """Success: publish in one step. Failure: discard (aborts a started multipart upload, drops the buffer).
 
         On s3fs (any fsspec AbstractBufferedFile) autocommit is switched on just before close(): a file

@@ -1,15 +1,19 @@
 """S3 through s3fs: the object-store protocol plus what only S3 has (a bucket to check, incomplete
-multipart uploads to list and abort) and request-saving forms of s3fs calls."""
+multipart uploads to list and abort), request-saving forms of s3fs calls, and files written and read
+several requests at a time (s3_io.py): parts and files upload in parallel beside the writing, ranged GETs
+of one read in parallel beside the hashing."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rlckpt.errors import StoreUnavailableError
 
 from ..storage_errors import service_error_code
-from .base import Listing
+from .base import Listing, PendingWrite
 from .object_store import ObjectBackend
+from .s3_io import PART_BUFFERS, READ_PIECE, READS_IN_FLIGHT, UPLOAD_SLOTS, PartBuffers, S3Upload, read_ranges
 
 
 def _is_invalid_range(exc: BaseException) -> bool:
@@ -27,6 +31,14 @@ def _is_invalid_range(exc: BaseException) -> bool:
 class S3Backend(ObjectBackend):
     """s3fs (possibly behind a wrapper that forwards its attributes)."""
 
+    def __init__(self, fs: Any, root: str) -> None:
+        super().__init__(fs, root)
+        # What bounds a process's uploads and reads (s3_io.py); a test may give one store smaller parts.
+        self.part_buffers: PartBuffers = PART_BUFFERS
+        self.upload_slots = UPLOAD_SLOTS
+        self.read_piece = READ_PIECE
+        self.reads_in_flight = READS_IN_FLIGHT
+
     def check_reachable(self, url: str) -> None:
         bucket = self.fs.split_path(self.root)[0]
         try:
@@ -42,6 +54,27 @@ class S3Backend(ObjectBackend):
             if start == 0 and _is_invalid_range(exc):
                 return b""
             raise
+
+    def read_into(
+        self, path: str, view: memoryview, start: int = 0, on_chunk: Callable[[memoryview], object] | None = None
+    ) -> int:
+        """Ranged GETs of about `read_piece` bytes, `reads_in_flight` at once, straight into `view`; each piece is
+        handed to `on_chunk` in order as it lands, while the next ones download."""
+        return read_ranges(self.fs, path, view, start, on_chunk, self.read_piece, self.reads_in_flight)
+
+    # --- writing --------------------------------------------------------------------------------
+    def open_write(self, path: str) -> S3Upload:
+        """Nothing is published until finish_write(ok=True)'s PendingWrite completes: no PUT, no completed
+        multipart upload. A file dropped unfinished publishes nothing (an upload it began is gc's)."""
+        return S3Upload(self.fs, path, self.upload_slots, self.part_buffers)
+
+    def finish_write(self, raw: Any, path: str, ok: bool) -> PendingWrite | None:
+        """Kept: send the rest (one PUT, or the last part); what completes it runs in the writer's background.
+        Discarded: abort (the parts in flight are waited for, the multipart upload aborted)."""
+        if ok:
+            return raw.finish()
+        raw.abort()
+        return None
 
     def list_files(self, path: str) -> Listing:
         """One LIST, even when nothing is there (a plain find() of an empty prefix adds a HEAD and a

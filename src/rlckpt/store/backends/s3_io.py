@@ -1,0 +1,384 @@
+"""S3 requests several at a time: a file is uploaded in parts while it is still being written (one PUT when it
+fits in one part, otherwise a multipart upload whose parts go out in parallel), and a stored range is read as
+several ranged GETs at once, hashed in order as the pieces land.
+
+Every request goes through the filesystem's own async client (s3fs's `_call_s3` and `_cat_file` on its event
+loop): the same connections, retries and options as every other call of the store, and no thread of our own.
+
+Memory is bounded by construction, not by luck:
+- a file being written holds one buffer: a small growing one up to SMALL_FILE bytes, then one of PART_SIZE;
+- at most `UploadSlots.limit` requests are in flight per process (UPLOADS_IN_FLIGHT), each holding at most one
+  part; a writer whose next part finds every slot taken waits for one (the slots are the only thing it waits
+  for, and a request in flight waits for nothing, so this cannot deadlock);
+- a read holds at most READS_IN_FLIGHT pieces of about READ_PIECE bytes besides the caller's buffer (the
+  client joins a piece's chunks, so about twice that while it lands).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future
+from typing import Any
+
+from .base import PendingWrite
+from .object_store import WRITE_BLOCK_SIZE
+
+log = logging.getLogger(__name__)
+
+PART_SIZE = WRITE_BLOCK_SIZE  # a file up to this size is one PUT; a larger one is uploaded in parts of this size
+SMALL_FILE = 1 << 20  # a file's first bytes go to a small buffer that grows; a part buffer only beyond this
+UPLOADS_IN_FLIGHT = 4  # PUTs and parts in flight per process (a trainer rank): 4 x PART_SIZE at most
+READ_PIECE = 4 << 20  # a read of a larger range is split into ranged GETs of about this size ...
+READS_IN_FLIGHT = 2  # ... this many of them at once (each holds about twice its piece while it lands)
+
+# What CompleteMultipartUpload needs of each part besides its number (as s3fs sends it).
+_PART_KEYS = ("ETag", "ChecksumSHA256")
+
+
+class UploadSlots:
+    """At most `limit` requests in flight at once; `acquire()` blocks while all are taken. `peak` is the most
+    that were ever in flight together and `waiting` how many callers wait for a slot now (tests read the
+    bound off them)."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"at least one request must be allowed in flight, got {limit}")
+        self.limit = limit
+        self._changed = threading.Condition()
+        self.in_flight = 0
+        self.peak = 0
+        self.waiting = 0
+
+    def acquire(self) -> None:
+        with self._changed:
+            self.waiting += 1
+            self._changed.notify_all()
+            while self.in_flight >= self.limit:
+                self._changed.wait()
+            self.waiting -= 1
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+            self._changed.notify_all()
+
+    def release(self) -> None:
+        with self._changed:
+            self.in_flight -= 1
+            self._changed.notify_all()
+
+    def wait_until(self, condition: Callable[[UploadSlots], bool], timeout: float = 60.0) -> bool:
+        """Block until `condition(self)` holds (tests: "a writer now waits for a slot"); False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(lambda: condition(self), timeout)
+
+
+class PartBuffers:
+    """Part buffers of exactly `size` bytes, reused (their pages are faulted in once, as READ_BUFFERS' are); at
+    most `max_idle` are kept between uses."""
+
+    def __init__(self, size: int, max_idle: int) -> None:
+        self.size = size
+        self.max_idle = max_idle
+        self._idle: list[bytearray] = []
+        self._lock = threading.Lock()
+        self.lent = 0  # buffers out now: one per file being written, one per part in flight
+
+    def take(self) -> bytearray:
+        with self._lock:
+            self.lent += 1
+            if self._idle:
+                return self._idle.pop()
+        return bytearray(self.size)
+
+    def give(self, buf: bytearray) -> None:
+        with self._lock:
+            self.lent -= 1
+            if len(buf) == self.size and len(self._idle) < self.max_idle:
+                self._idle.append(buf)
+
+    @property
+    def idle_bytes(self) -> int:
+        """What the pool keeps between uploads."""
+        with self._lock:
+            return len(self._idle) * self.size
+
+
+UPLOAD_SLOTS = UploadSlots(UPLOADS_IN_FLIGHT)  # one per process: a rank's uploads, of every store, share them
+PART_BUFFERS = PartBuffers(PART_SIZE, max_idle=UPLOADS_IN_FLIGHT + 1)  # the most one writer has out at once
+
+
+def _on_loop(fs: Any, coro: Coroutine[Any, Any, Any]) -> Future[Any]:
+    """Run a coroutine of the filesystem's client on its event loop; a future of its result."""
+    return asyncio.run_coroutine_threadsafe(coro, fs.loop)
+
+
+class S3Upload:
+    """A write-only file of one S3 object that publishes nothing before `finish()`'s completion runs.
+
+    Bytes fill a buffer; a full part goes out (a multipart upload is created at the first one) as soon as more
+    bytes follow it, so parts upload while the next ones are written and hashed. A file that ends within one
+    part is one PUT, sent by `finish()`. A part that failed is raised at the next `write()` (the caller then
+    aborts); `abort()` waits for the parts in flight and aborts the multipart upload, so nothing is left but
+    what a crash leaves (an incomplete upload under the run, which gc finds and aborts).
+    """
+
+    def __init__(
+        self, fs: Any, path: str, slots: UploadSlots = UPLOAD_SLOTS, buffers: PartBuffers = PART_BUFFERS
+    ) -> None:
+        self.fs = fs
+        self.path = path
+        self.part_size = buffers.size  # parts are as large as the buffers they are sent from
+        self._slots = slots
+        self._buffers = buffers
+        self._bucket, self._key, _version = fs.split_path(path)
+        self._small = bytearray()  # the first bytes, up to SMALL_FILE
+        self._part: bytearray | None = None  # then a part buffer
+        self._filled = 0
+        self._upload_id: str | None = None
+        self._parts: list[Future[Any]] = []
+        self._single: Future[Any] | None = None
+        self._state = "open"  # open -> finished -> completed | aborted
+        self.size = 0
+        self.closed = False
+
+    # --- writing ----------------------------------------------------------------------------------
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        if self._state != "open":
+            raise ValueError(f"write to {self.path} after it was {self._state}")
+        self._raise_failed_part()
+        view = memoryview(data).cast("B")
+        n = len(view)
+        if self._part is None and len(self._small) + n <= min(SMALL_FILE, self.part_size):
+            self._small += view
+            self.size += n
+            return n
+        if self._part is None:
+            self._part = self._buffers.take()
+            self._filled = len(self._small)
+            self._part[: self._filled] = self._small
+            self._small = bytearray()
+        while view:
+            if self._filled == self.part_size:  # full, and more follows: it is a part, not the whole file
+                self._send_part(self._part, self._filled)
+                self._part, self._filled = self._buffers.take(), 0
+            take = min(self.part_size - self._filled, len(view))
+            self._part[self._filled : self._filled + take] = view[:take]
+            self._filled += take
+            view = view[take:]
+        self.size += n
+        return n
+
+    def flush(self) -> None:
+        """Nothing to flush: bytes go out as whole parts (S3 has no appends)."""
+
+    def _raise_failed_part(self) -> None:
+        for part in self._parts:
+            if part.done() and part.exception() is not None:
+                raise part.exception()  # type: ignore[misc]
+
+    def _request(self, method: str, **kwargs: Any) -> Future[Any]:
+        """One request in flight, holding a slot until it ends (waits for a slot first)."""
+        self._slots.acquire()
+        try:
+            future = _on_loop(self.fs, self.fs._call_s3(method, Bucket=self._bucket, Key=self._key, **kwargs))
+        except BaseException:
+            self._slots.release()
+            raise
+        future.add_done_callback(lambda _f: self._slots.release())
+        return future
+
+    def _send_part(self, buf: bytearray, filled: int) -> None:
+        """Upload `buf[:filled]` as the next part (creating the multipart upload first)."""
+        if self._upload_id is None:
+            created = _on_loop(self.fs, self.fs._call_s3("create_multipart_upload", Bucket=self._bucket, Key=self._key))
+            self._upload_id = created.result()["UploadId"]
+        number = len(self._parts) + 1
+        self._parts.append(self._send(buf, filled, "upload_part", UploadId=self._upload_id, PartNumber=number))
+
+    def _send(self, buf: bytearray, filled: int, method: str, **kwargs: Any) -> Future[Any]:
+        """Request `method` with body `buf[:filled]`; `buf` goes back to the pool once the request ended. A body
+        is never copied when it fills at least half its buffer: the buffer is cut to it in place (a bytearray
+        shrinks without moving when it keeps at least half its size) and grown back afterwards; a smaller one
+        is copied out and the buffer given back at once."""
+        if filled * 2 < len(buf):
+            body = bytes(memoryview(buf)[:filled])
+            self._buffers.give(buf)
+            return self._request(method, Body=body, **kwargs)
+        full = len(buf)
+        del buf[filled:]
+        request = self._request(method, Body=buf, **kwargs)
+        request.add_done_callback(lambda _f: self._buffers.give(_regrown(buf, full)))
+        return request
+
+    # --- ending ---------------------------------------------------------------------------------
+    def finish(self) -> PendingWrite:
+        """No more bytes: send what is buffered (the last part, or the whole file as one PUT). Returns what makes
+        the object visible (`complete`, to run beside writing the next files) or never (`abandon`)."""
+        if self._state != "open":
+            raise ValueError(f"{self.path} was already {self._state}")
+        self._raise_failed_part()
+        self._state = "finished"
+        try:
+            if self._upload_id is None and self._part is None:
+                body, self._small = self._small, bytearray()
+                self._single = self._request("put_object", Body=body)
+            elif self._upload_id is None:
+                part, self._part = self._part, None
+                assert part is not None
+                self._single = self._send(part, self._filled, "put_object")
+            else:
+                assert self._part is not None and self._filled > 0, "a part goes out only when bytes follow it"
+                part, filled = self._part, self._filled
+                self._part = None
+                self._send_part(part, filled)
+        except BaseException:
+            self.abort()
+            raise
+        self.closed = True
+        return PendingWrite(complete=self._complete, abandon=self.abort, in_place=False)
+
+    def _complete(self) -> None:
+        """Wait for every request of the file; complete the multipart upload (or abort it if a part failed)."""
+        if self._single is not None:
+            self._single.result()
+            self._state = "completed"
+            return
+        try:
+            parts = []
+            for number, part in enumerate(self._parts, start=1):
+                answer = part.result()
+                parts.append({"PartNumber": number, **{k: answer[k] for k in _PART_KEYS if k in answer}})
+            done = _on_loop(
+                self.fs,
+                self.fs._call_s3(
+                    "complete_multipart_upload",
+                    Bucket=self._bucket,
+                    Key=self._key,
+                    UploadId=self._upload_id,
+                    MultipartUpload={"Parts": parts},
+                ),
+            )
+            done.result()
+        except BaseException:
+            self.abort()
+            raise
+        self._state = "completed"
+
+    def abort(self) -> None:
+        """Publish nothing: wait for the requests in flight, then abort the multipart upload (if one began).
+        Idempotent; a file already completed stays (the transaction's discard removes it)."""
+        if self._state in ("aborted", "completed"):
+            return
+        self._state = "aborted"
+        self.closed = True
+        self._release_buffer()
+        for request in [*self._parts, *([self._single] if self._single is not None else [])]:
+            try:
+                request.result()
+            except BaseException:
+                pass  # the upload is being thrown away; its own failure says nothing more
+        upload_id, self._upload_id = self._upload_id, None
+        if upload_id is not None:
+            aborted = _on_loop(
+                self.fs,
+                self.fs._call_s3("abort_multipart_upload", Bucket=self._bucket, Key=self._key, UploadId=upload_id),
+            )
+            aborted.result()
+
+    def _release_buffer(self) -> None:
+        if self._part is not None:
+            self._buffers.give(self._part)
+            self._part = None
+        self._small = bytearray()
+
+    def __del__(self) -> None:  # dropped unfinished: publish nothing (an upload it began is left to gc)
+        if self._state == "open":
+            self._state = "aborted"
+            self._release_buffer()
+
+
+def _regrown(buf: bytearray, size: int) -> bytearray:
+    """A part buffer cut to its body, grown back to `size` bytes (within its allocation: no move)."""
+    buf.extend(bytes(size - len(buf)))
+    return buf
+
+
+def _pieces(start: int, length: int, piece: int) -> list[tuple[int, int]]:
+    """[start, start+length) as about-equal ranges of at most about `piece` bytes (offset, size). The last byte
+    of a read is usually the one that notices a longer file: it rides with the last piece, not alone."""
+    count = max(1, -(-(length - 1) // piece)) if length > 1 else 1
+    base, extra = divmod(length, count)
+    out, at = [], start
+    for i in range(count):
+        size = base + (1 if i < extra else 0)
+        out.append((at, size))
+        at += size
+    return out
+
+
+def _is_past_the_end(exc: BaseException) -> bool:
+    """416 InvalidRange: a ranged GET that starts at or beyond the end of the object."""
+    from ..storage_errors import service_error_code
+
+    text = f"{type(exc).__name__}: {exc}"
+    return (
+        service_error_code(exc) == "InvalidRange"
+        or "InvalidRange" in text
+        or "416" in text
+        or "not satisfiable" in text.lower()
+    )
+
+
+async def _ranged_into(fs: Any, path: str, start: int, target: memoryview) -> int:
+    """GET bytes [start, start+len(target)) of `path` (s3fs's ranged read, with its retries) into `target`; how
+    many there were (fewer at the end of the object, 0 past it). Streaming the body into `target` chunk by
+    chunk instead measured no faster: the loop thread then spends per chunk what the join saves."""
+    try:
+        data = await fs._cat_file(path, start=start, end=start + len(target))
+    except OSError as exc:
+        if _is_past_the_end(exc):
+            return 0
+        raise
+    target[: len(data)] = data
+    return len(data)
+
+
+def read_ranges(
+    fs: Any,
+    path: str,
+    view: memoryview,
+    start: int,
+    on_chunk: Callable[[memoryview], object] | None,
+    piece: int = READ_PIECE,
+    in_flight: int = READS_IN_FLIGHT,
+) -> int:
+    """Fill `view` with bytes [start, start+len(view)) of `path` by ranged GETs, up to `in_flight` at once, each
+    copied into its place on the client's loop; each piece is handed to `on_chunk` in order, as soon as it and
+    those before it have landed. Returns how many bytes there were (fewer than asked at the end of the object)."""
+    ranges = _pieces(start, len(view), piece)
+    futures: list[Future[int]] = []
+    got = 0
+    try:
+        for i, (at, size) in enumerate(ranges):
+            while len(futures) - i < in_flight and len(futures) < len(ranges):
+                a, n = ranges[len(futures)]
+                futures.append(_on_loop(fs, _ranged_into(fs, path, a, view[a - start : a - start + n])))
+            n = futures[i].result()
+            if on_chunk is not None and n:
+                on_chunk(view[at - start : at - start + n])
+            got += n
+            if n < size:
+                break  # the object ends here: what follows is not read
+        return got
+    finally:
+        for future in futures:
+            future.cancel()
+        for future in futures:  # none may still write into `view` once this returns
+            with contextlib.suppress(BaseException):
+                future.result()
