@@ -71,6 +71,13 @@ def test_a_deadline_before_the_calendar_can_count_is_refused_as_not_in_the_futur
     assert f"argument --save-by: {moment!r} is not in the future" in result.err
 
 
+@pytest.mark.parametrize("flag", ["--grace-seconds", "--save-by-seconds"])
+def test_a_number_of_seconds_that_is_no_number_is_refused_in_the_users_words(cli, tmp_path, flag):
+    result = cli("train", "--run-dir", str(tmp_path / "run"), flag, "soon")
+    assert result.code == 64, result.err
+    assert f"argument {flag}: not a number of seconds: 'soon'" in result.err
+
+
 def test_the_stop_options_reach_the_runs_config(cli, tmp_path, monkeypatch):
     seen = []
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from datetime import UTC, datetime
@@ -94,6 +95,17 @@ def json_object_arg(text: str) -> dict[str, Any]:
 def storage_options_arg(text: str) -> dict[str, Any]:
     """argparse type for --storage-options: a JSON object, e.g. '{"endpoint_url": "http://..."}'."""
     return json_object_arg(text)
+
+
+def positive_seconds_arg(text: str) -> float:
+    """A flag's number of seconds: finite and > 0, refused in the user's words otherwise."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:

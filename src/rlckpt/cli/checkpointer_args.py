@@ -18,7 +18,7 @@ from typing import Any
 
 from rlckpt.checkpoint.stopping import DEFAULT_GRACE_S
 from rlckpt.checkpointer import CheckpointerConfig
-from rlckpt.cli import _common
+from rlckpt.cli import _common, retention_args
 from rlckpt.cli.retention_args import positive_int
 from rlckpt.store import Retention
 from rlckpt.tiers import ReplicationConfig
@@ -36,9 +36,7 @@ def add_checkpointer_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="fsspec options of the run dir's filesystem, as a JSON object",
     )
-    _retention_flags(group, "", "")
-    group.add_argument("--metric", default=None, metavar="NAME", help="what --keep-best ranks by (save(metrics=...))")
-    group.add_argument("--lower-is-better", action="store_true", help="--keep-best keeps the lowest --metric")
+    retention_args.add_retention_arguments(group, metric_source="a number the trainer passes as save(metrics=...)")
     group.add_argument(
         "--replicate-to", default=None, metavar="URL", help="a remote tier: committed bundles are copied there"
     )
@@ -52,7 +50,7 @@ def add_checkpointer_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="fsspec options of the remote tier",
     )
-    _retention_flags(group, "replica-", " of the remote tier")
+    retention_args.add_retention_arguments(group, prefix="replica-", tier="remote tier")
     group.add_argument(
         "--signing-key",
         metavar="PATH",
@@ -63,14 +61,14 @@ def add_checkpointer_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--sync-saves", action="store_true", help="wait for every save's commit (default: async)")
     group.add_argument(
         "--grace-seconds",
-        type=_positive_seconds,
+        type=_common.positive_seconds_arg,
         default=DEFAULT_GRACE_S,
         metavar="S",
         help=f"how long a stop (SIGTERM, deadline) may take to save (default {DEFAULT_GRACE_S:.0f})",
     )
     group.add_argument(
         "--save-by-seconds",
-        type=_positive_seconds,
+        type=_common.positive_seconds_arg,
         default=None,
         metavar="N",
         help="a deadline N seconds from now by which the run has saved and stopped",
@@ -130,33 +128,3 @@ def _retention(args: argparse.Namespace, prefix: str) -> Retention:
         metric=args.metric if best is not None else None,
         lower_is_better=args.lower_is_better,
     )
-
-
-def _retention_flags(group: Any, prefix: str, where: str) -> None:
-    group.add_argument(
-        f"--{prefix}keep-last", type=positive_int, default=None, metavar="K", help=f"keep the K newest bundles{where}"
-    )
-    group.add_argument(
-        f"--{prefix}keep-every",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help=f"keep every bundle{where} whose step is a multiple of N",
-    )
-    group.add_argument(
-        f"--{prefix}keep-best",
-        type=positive_int,
-        default=None,
-        metavar="K",
-        help=f"keep the K bundles{where} with the best --metric",
-    )
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
-    return value

@@ -22,9 +22,15 @@ def positive_int(text: str) -> int:
     return value
 
 
-def add_retention_arguments(parser: argparse.ArgumentParser, *, prefix: str = "", tier: str = "") -> None:
-    """--{prefix}keep-last, --{prefix}keep-every, --{prefix}keep-best; `prefix` "" also adds --metric and
-    --lower-is-better (one metric for every tier of a run)."""
+def add_retention_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    *,
+    prefix: str = "",
+    tier: str = "",
+    metric_source: str = f"a number each manifest records under metrics ({', '.join(RUN_METRICS)})",
+) -> None:
+    """--{prefix}keep-last, --{prefix}keep-every, --{prefix}keep-best; `prefix` "" also adds --metric (ranking by
+    `metric_source`) and --lower-is-better (one metric for every tier of a run)."""
     where = f" of the {tier}" if tier else ""
     parser.add_argument(
         f"--{prefix}keep-last",
@@ -53,7 +59,7 @@ def add_retention_arguments(parser: argparse.ArgumentParser, *, prefix: str = ""
         "--metric",
         default=None,
         metavar="NAME",
-        help=f"what --keep-best ranks by: a number each manifest records under metrics ({', '.join(RUN_METRICS)})",
+        help=f"what --keep-best ranks by: {metric_source}",
     )
     parser.add_argument(
         "--lower-is-better", action="store_true", help="--keep-best keeps the lowest --metric (default: highest)"

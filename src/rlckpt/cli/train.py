@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import sys
@@ -203,7 +202,7 @@ def add_parser(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--ray-connect-timeout",
-        type=_positive_seconds,
+        type=_common.positive_seconds_arg,
         default=DEFAULT_RAY_CONNECT_TIMEOUT_S,
         metavar="SECONDS",
         help=f"with --ray-address: give up when no Ray cluster answers there within SECONDS "
@@ -247,16 +246,6 @@ def _non_negative(text: str) -> int:
     value = _integer(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
     return value
 
 

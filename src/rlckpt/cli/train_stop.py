@@ -19,7 +19,6 @@ import argparse
 import enum
 import json
 import logging
-import math
 import os
 import sys
 import threading
@@ -52,7 +51,7 @@ def add_stop_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--grace-seconds",
-        type=_positive_seconds,
+        type=_common.positive_seconds_arg,
         default=DEFAULT_GRACE_S,
         metavar="S",
         help="how long a stop (SIGTERM or deadline) may take; then the final save is aborted cleanly and the "
@@ -77,13 +76,6 @@ def add_stop_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _positive_seconds(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
-    return value
-
-
 def _deadline_at(text: str) -> float:
     """An ISO 8601 time as unix seconds; refused when it is not in the future."""
     try:
@@ -105,7 +97,7 @@ def _deadline_at(text: str) -> float:
 
 
 def _deadline_in(text: str) -> float:
-    return time.time() + _positive_seconds(text)
+    return time.time() + _common.positive_seconds_arg(text)
 
 
 class Phase(enum.Enum):
