@@ -256,9 +256,9 @@ def write_shards(
     return results
 
 
-class _ViewStream(io.RawIOBase):
+class ViewStream(io.RawIOBase):
     """A seekable read-only stream over a memoryview, for torch's zip reader (which reads the archive's
-    directory and small records through it, never the tensor data)."""
+    directory and small records through it) and for a shard file's checked bytes (reader.py)."""
 
     def __init__(self, view: memoryview) -> None:
         super().__init__()
@@ -278,9 +278,20 @@ class _ViewStream(io.RawIOBase):
         self._pos += n
         return n
 
+    def read(self, size: int | None = -1) -> bytes:
+        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
+        data = bytes(self._view[self._pos : max(self._pos, end)])
+        self._pos += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
-        self._pos = max(0, base + offset)
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self._pos = base + offset
         return self._pos
 
     def tell(self) -> int:
@@ -294,7 +305,7 @@ def load_tensor_view(item: memoryview) -> torch.Tensor:
     overall storage. The tensor is valid only while `item` is (the caller copies it into place at once).
     A storage the archive places outside `item` is cut at its end, and torch then refuses the tensor."""
     storage = torch.frombuffer(item, dtype=torch.uint8).untyped_storage()
-    stream = cast(BinaryIO, _ViewStream(item))
+    stream = cast(BinaryIO, ViewStream(item))
     with _open_zipfile_reader(stream) as archive:  # private torch.serialization helper
         tensor = _load(archive, "cpu", _weights_only_unpickler, overall_storage=storage, encoding="utf-8")
     return cast(torch.Tensor, tensor)

@@ -35,7 +35,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from rlckpt.errors import CorruptBundleError, RlckptError, ShardedCheckpointError, UncommittedBundleError
 from rlckpt.store import READ_BUFFERS, Bundle, BundleStore, FileEntry, VerifyKey, join_relpath, validate_relpath
 
-from ._format import DEFAULT_PREFIX, METADATA_NAME, load_tensor_view
+from ._format import DEFAULT_PREFIX, METADATA_NAME, ViewStream, load_tensor_view
 from ._plan import BundleRef
 from ._safe_unpickle import VettedBytesPlanner, load_metadata
 from ._slices import check_slices, unloadable_item
@@ -52,52 +52,18 @@ IN_MEMORY_MAX = 64 << 20
 READ_AHEAD_BYTES = 48 << 20
 
 
-class _BufferStream(io.RawIOBase):
+class _BufferStream(ViewStream):
     """A read-only, seekable stream over checked bytes in a pooled buffer (torch reads it with readinto:
     one copy, into the tensor's storage). Closing it gives the buffer back to the pool."""
 
     def __init__(self, view: memoryview, release: Callable[[], None]) -> None:
-        super().__init__()
-        self._view = view
-        self._pos = 0
+        super().__init__(view)
         self._release = release
 
     @property
     def view(self) -> memoryview:
         """The checked bytes themselves (valid until the stream is closed)."""
         return self._view
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        out = memoryview(buffer).cast("B")
-        n = max(0, min(len(out), len(self._view) - self._pos))
-        out[:n] = self._view[self._pos : self._pos + n]
-        self._pos += n
-        return n
-
-    def read(self, size: int | None = -1) -> bytes:
-        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
-        data = bytes(self._view[self._pos : max(self._pos, end)])
-        self._pos += len(data)
-        return data
-
-    def readall(self) -> bytes:
-        return self.read(-1)
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
-        if base + offset < 0:
-            raise ValueError(f"negative seek position {base + offset}")
-        self._pos = base + offset
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
 
     def close(self) -> None:
         if not self.closed:
