@@ -10,22 +10,18 @@ from typing import Any
 
 from rlckpt.errors import StoreUnavailableError
 
-from ..storage_errors import service_error_code
 from .base import Listing, PendingWrite
 from .object_store import ObjectBackend
-from .s3_io import PART_BUFFERS, READ_PIECE, READS_IN_FLIGHT, UPLOAD_SLOTS, PartBuffers, S3Upload, read_ranges
-
-
-def _is_invalid_range(exc: BaseException) -> bool:
-    """S3 answers a ranged GET of an empty object with 416 InvalidRange (Ceph RGW's reaches us as
-    `OSError: [Errno 22] None`, the code only in the cause)."""
-    text = f"{type(exc).__name__}: {exc}"
-    return (
-        service_error_code(exc) == "InvalidRange"
-        or "InvalidRange" in text
-        or "416" in text
-        or "not satisfiable" in text.lower()
-    )
+from .s3_io import (
+    PART_BUFFERS,
+    READ_PIECE,
+    READS_IN_FLIGHT,
+    UPLOAD_SLOTS,
+    PartBuffers,
+    S3Upload,
+    is_invalid_range,
+    read_ranges,
+)
 
 
 class S3Backend(ObjectBackend):
@@ -51,7 +47,7 @@ class S3Backend(ObjectBackend):
         try:
             return bytes(self.fs.cat_file(path, start=start, end=end))
         except OSError as exc:
-            if start == 0 and _is_invalid_range(exc):
+            if start == 0 and is_invalid_range(exc):
                 return b""
             raise
 

@@ -322,8 +322,9 @@ def _pieces(start: int, length: int, piece: int) -> list[tuple[int, int]]:
     return out
 
 
-def _is_past_the_end(exc: BaseException) -> bool:
-    """416 InvalidRange: a ranged GET that starts at or beyond the end of the object."""
+def is_invalid_range(exc: BaseException) -> bool:
+    """416 InvalidRange: a ranged GET that starts at or beyond the end of the object (an empty object's too;
+    Ceph RGW's reaches us as `OSError: [Errno 22] None`, the code only in the cause)."""
     from ..storage_errors import service_error_code
 
     text = f"{type(exc).__name__}: {exc}"
@@ -342,7 +343,7 @@ async def _ranged_into(fs: Any, path: str, start: int, target: memoryview) -> in
     try:
         data = await fs._cat_file(path, start=start, end=start + len(target))
     except OSError as exc:
-        if _is_past_the_end(exc):
+        if is_invalid_range(exc):
             return 0
         raise
     target[: len(data)] = data
