@@ -217,6 +217,57 @@ def test_a_cancelled_pinned_save_releases_its_pins_and_runs_the_deferred_clears(
     assert store.steps() == [] and debris(store) == []
 
 
+class HeldClears(InMemoryDataPlane):
+    """An in-memory plane whose ``clear_samples`` stops once ``hold`` is set, until ``go`` is."""
+
+    def __init__(self, store: InMemoryStore) -> None:
+        super().__init__(store)
+        self.hold = False
+        self.reached = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def clear_samples(self, partition_id, keys):
+        if self.hold:
+            self.reached.set()
+            await self.go.wait()
+        await super().clear_samples(partition_id, keys)
+
+
+def test_a_save_cancelled_while_a_deferred_clear_runs_still_clears_those_rows_and_the_next_save_commits(
+    store_location,
+):
+    """The cancel lands inside the clear of a group removed while pinned: the clear runs to its end, else
+    its rows stay in the data plane as strays no index accounts for, and every later save fails on them."""
+    url, options = store_location
+
+    async def scenario():
+        _, plane = await buffer_with(0)
+        held = HeldClears(plane)
+        replay = ReplayBuffer(held, DataPlaneCheckpointBarrier(), partition_id=PARTITION, group_size=GROUP)
+        for i in range(10):
+            await replay.commit(replay.reserve(weight_version=0), rows(i), start_weight=0, end_weight=0)
+        copier = HeldCopier(plane, hold_at=1)
+        save = asyncio.create_task(save_bundle(parts_for(url, options, replay, copier), 2, upload_timing="pinned"))
+        await copier.reached.wait()
+        last = replay.groups()[-1].group_id
+        await replay.remove_group(last)  # pinned: its clear waits for the copy
+        held.hold = True
+        copier.go.set()
+        await held.reached.wait()  # the copy is done with it: its deferred clear has begun
+        save.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await save
+        held.hold = False
+        held.go.set()
+        await until(lambda: f"{last}:0" not in plane.rows[PARTITION])
+        await save_bundle(parts_for(url, options, replay, HeldCopier(plane)), 4, upload_timing="pinned")
+        return replay
+
+    replay = asyncio.run(scenario())
+    assert BundleStore(url, options).steps() == [4]
+    assert replay.pinned == set() and replay.deferred_sample_ids == set()
+
+
 def test_commits_never_wait_at_the_barrier_during_a_pinned_save(tmp_path):
     async def scenario():
         replay, plane = await buffer_with(10)

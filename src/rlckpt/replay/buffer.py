@@ -95,6 +95,7 @@ class ReplayBuffer:
         self._running: dict[int, tuple[str, ...]] = {}  # data-plane mutations in flight -> their keys
         self._observers: list[set[str]] = []
         self._tokens = itertools.count()
+        self._clearing: dict[asyncio.Future[None], list[str]] = {}  # deferred clears running -> their keys
 
     # --- inspection ----------------------------------------------------------------------------
 
@@ -341,28 +342,41 @@ class ReplayBuffer:
 
     @property
     def deferred_sample_ids(self) -> set[str]:
-        """Rows of removed groups whose clear waits for a pinned copy."""
-        return {s for keys in (self._pins.deferred.values() if self._pins else ()) for s in keys}
+        """Rows of removed groups whose clear waits for a pinned copy, or runs now."""
+        waiting = list(self._pins.deferred.values()) if self._pins else []
+        return {s for keys in waiting + list(self._clearing.values()) for s in keys}
 
     async def unpin(self, group_ids: Iterable[str]) -> None:
         """The rows of these pinned groups are copied: clear the ones whose removal was deferred."""
         if self._pins is None:
             return
-        for gid in group_ids:
-            keys = self._pins.release(gid)
-            if keys:
-                async with self.barrier.mutation():
-                    with self._mutating(keys):
-                        await self.data_plane.clear_samples(self.partition_id, list(keys))
+        pins = self._pins
+        await self._clear_deferred([key for gid in list(group_ids) for key in pins.release(gid)])
 
     async def end_pins(self) -> None:
         """The pinned copy is over (done or given up): unpin everything left and forget the capture."""
-        if self._pins is not None:
-            try:
-                await self.unpin(list(self._pins.pending) + list(self._pins.deferred))
-            finally:
-                self._pins = None
-                self._notify()
+        pins, self._pins = self._pins, None
+        if pins is None:
+            return
+        keys = [key for gid in list(pins.pending) + list(pins.deferred) for key in pins.release(gid)]
+        self._notify()
+        await self._clear_deferred(keys)
+
+    async def _clear_deferred(self, keys: list[str]) -> None:
+        """Clear rows of removed groups that a pin held, to the end even when the caller is cancelled (a
+        save aborted mid-clear): their groups have left the index, so rows left behind would be strays
+        that fail every later save's inventory check."""
+        if not keys:
+            return
+        clear = asyncio.ensure_future(self._clear_rows(keys))
+        self._clearing[clear] = keys  # held here too: a cancelled caller drops its reference
+        clear.add_done_callback(lambda done: self._clearing.pop(done, None))
+        await asyncio.shield(clear)
+
+    async def _clear_rows(self, keys: list[str]) -> None:
+        async with self.barrier.mutation():
+            with self._mutating(keys):
+                await self.data_plane.clear_samples(self.partition_id, keys)
 
     @contextlib.contextmanager
     def observe_mutations(self) -> Iterator[set[str]]:
