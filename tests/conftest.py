@@ -1,5 +1,6 @@
 """Shared fixtures live in rlckpt.testing so benchmarks and scripts can reuse them."""
 
+import logging
 import os
 
 import pytest
@@ -38,3 +39,16 @@ def _reaches_s3(item: pytest.Item) -> bool:
         return True
     callspec = getattr(item, "callspec", None)
     return callspec is not None and "s3" in callspec.id
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_as_before():
+    """A CLI test runs ``main()`` in-process, which points root logging at that test's captured stderr:
+    take that handler away after it, else a later test logs into a closed file ("--- Logging error ---")."""
+    root, ours = logging.getLogger(), logging.getLogger("rlckpt")
+    before, levels = list(root.handlers), (root.level, ours.level)
+    yield
+    for handler in [h for h in root.handlers if type(h) is logging.StreamHandler and h not in before]:
+        root.removeHandler(handler)
+    root.setLevel(levels[0])
+    ours.setLevel(levels[1])
