@@ -85,3 +85,29 @@ def test_digest_speeds_cover_sha256_and_blake3_on_one_and_all_threads():
     assert [(s.algorithm, s.threads > 1) for s in speeds] == [("sha256", False), ("blake3", False), ("blake3", True)]
     assert all(s.median_mib_s > 0 for s in speeds)
     assert digest_table(speeds).count("\n") == 2 + len(speeds)
+
+
+def test_a_rank_count_that_fails_is_reported_and_the_sweep_goes_on_with_what_it_measured(tmp_path, monkeypatch):
+    """A multi-hour sweep loses one spawn (a server falling over at 4 ranks), not every point before it."""
+    import rlckpt.testing.dcp_ranks as dcp_ranks
+
+    def spawn(fn, ranks, job, timeout):
+        if ranks == 2:
+            raise RuntimeError("ranks exited with {0: 1}\n--- rank 0 ---\nReadTimeoutError: Read timeout on endpoint")
+        with open(job.out_path, "w") as out:
+            json.dump([], out)
+
+    monkeypatch.setattr(dcp_ranks, "run_ranks", spawn)
+    config = PolicyBenchConfig(sizes_mib=[0.5], ranks=[1, 2, 4], repeats=1)
+    kept, failed = [], []
+
+    run_sweep(
+        config,
+        [local_destination(tmp_path / "local")],
+        str(tmp_path),
+        on_points=lambda points: kept.append(points),
+        on_failure=lambda ranks, exc: failed.append((ranks, str(exc))),
+    )
+
+    assert len(kept) == 2 and [ranks for ranks, _ in failed] == [2]
+    assert "ReadTimeoutError" in failed[0][1]

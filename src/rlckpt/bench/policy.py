@@ -548,9 +548,12 @@ def run_sweep(
     on_points: Callable[[list[PointResult]], None] | None = None,
     timeout: float = 3600.0,
     skip: dict[str, dict[str, str]] | None = None,
+    on_failure: Callable[[int, Exception], None] | None = None,
 ) -> list[PointResult]:
     """One spawn per rank count; every destination, size and repeat inside it. `skip`: per destination name,
-    systems not to run there and why (the connector is skipped everywhere when it is not installed)."""
+    systems not to run there and why (the connector is skipped everywhere when it is not installed).
+    `on_points` gets each spawn's points as it ends (a long sweep keeps what it measured); a spawn that fails
+    raises, or with `on_failure` is reported to it and the sweep goes on with the next rank count."""
     from rlckpt.testing.dcp_ranks import run_ranks
 
     missing = s3torchconnector_missing()
@@ -574,7 +577,13 @@ def run_sweep(
             thread_count=config.thread_count,
             out_path=os.path.join(workdir, f"policy-{ranks}r.json"),
         )
-        run_ranks(rank_main, ranks, job, timeout=timeout)
+        try:
+            run_ranks(rank_main, ranks, job, timeout=timeout)
+        except Exception as exc:
+            if on_failure is None:
+                raise
+            on_failure(ranks, exc)
+            continue
         with open(job.out_path) as src:
             points = points_from_document({"points": json.load(src)})
         if on_points is not None:

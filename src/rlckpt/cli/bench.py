@@ -717,8 +717,26 @@ def run_policy(args: argparse.Namespace) -> int:
                 f"x {config.sizes_mib} MiB",
                 file=sys.stderr,
             )
-            points = run_sweep(config, chosen, tempfile.mkdtemp(prefix="rlckpt-policy-bench-", dir=dests.scratch))
+            measured: list[Any] = []
+            failed: dict[str, str] = {}
+
+            def keep(points: list[Any]) -> None:  # what a later failure or kill cannot take away
+                measured.extend(points)
+                write_json(out, result_document(measured, config, {**meta, "complete": False}, digests))
+
+            def lost(ranks: int, exc: Exception) -> None:
+                failed[f"{ranks} ranks"] = _last_line(exc)
+                print(f"rlckpt bench policy: {ranks} ranks not measured: {failed[f'{ranks} ranks']}", file=sys.stderr)
+
+            points = run_sweep(
+                config,
+                chosen,
+                tempfile.mkdtemp(prefix="rlckpt-policy-bench-", dir=dests.scratch),
+                on_points=keep,
+                on_failure=lost,
+            )
         meta["load_average_1m_end"] = os.getloadavg()[0]
+        meta["not_measured"] = failed
         write_json(out, result_document(points, config, meta, digests))
     settings = (
         f"Medians of {config_doc.get('repeats')} repeats; writer threads per rank: "
@@ -732,7 +750,9 @@ def run_policy(args: argparse.Namespace) -> int:
         "rlckpt faster or smaller); **bold** misses its target. s3-rgw is Ceph RGW reached directly, "
         "s3-rgw-etag-proxy the same RGW through the nginx that adds the ETag header Ceph 16 omits.\n\n"
     )
-    note = skipped_note(points)
+    note = skipped_note(points) + "".join(
+        f"- {what}: failed: {why}\n" for what, why in meta.get("not_measured", {}).items()
+    )
     markdown = (
         settings
         + policy_table(points)
@@ -751,6 +771,12 @@ def run_policy(args: argparse.Namespace) -> int:
     print(markdown)
     print(f"wrote {out}, {out.with_suffix('.md')}, {out.with_suffix('.png')}", file=sys.stderr)
     return _common.EXIT_OK
+
+
+def _last_line(exc: BaseException) -> str:
+    """The cause of a failed spawn in one line: the last line of its message (the failing rank's own error)."""
+    lines = [line.strip() for line in str(exc).replace("\\n", "\n").splitlines() if line.strip()]
+    return (lines[-1] if lines else type(exc).__name__)[:300]
 
 
 def run_store(args: argparse.Namespace) -> int:
