@@ -19,7 +19,6 @@ from typing import Any
 from rlckpt.checkpoint.stopping import DEFAULT_GRACE_S
 from rlckpt.checkpointer import CheckpointerConfig
 from rlckpt.cli import _common, retention_args
-from rlckpt.cli.retention_args import positive_int
 from rlckpt.store import Retention
 from rlckpt.tiers import ReplicationConfig
 
@@ -37,20 +36,7 @@ def add_checkpointer_arguments(parser: argparse.ArgumentParser) -> None:
         help="fsspec options of the run dir's filesystem, as a JSON object",
     )
     retention_args.add_retention_arguments(group, metric_source="a number the trainer passes as save(metrics=...)")
-    group.add_argument(
-        "--replicate-to", default=None, metavar="URL", help="a remote tier: committed bundles are copied there"
-    )
-    group.add_argument(
-        "--replicate-every", type=positive_int, default=1, metavar="K", help="replicate every K-th save (and the last)"
-    )
-    group.add_argument(
-        "--replicate-storage-options",
-        type=_common.storage_options_arg,
-        default=None,
-        metavar="JSON",
-        help="fsspec options of the remote tier",
-    )
-    retention_args.add_retention_arguments(group, prefix="replica-", tier="remote tier")
+    retention_args.add_replication_arguments(group)
     group.add_argument(
         "--signing-key",
         metavar="PATH",

@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ._common import storage_options_arg
+
 # What `rlckpt train` records in each manifest (controller.config.RUN_METRICS; not imported: torch)
 RUN_METRICS = ("reward", "loss")
 
@@ -64,6 +66,32 @@ def add_retention_arguments(
     parser.add_argument(
         "--lower-is-better", action="store_true", help="--keep-best keeps the lowest --metric (default: highest)"
     )
+
+
+def add_replication_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--replicate-to URL, --replicate-every K, --replicate-storage-options JSON and the --replica-keep-* rules:
+    the remote tier of a run (`rlckpt train`'s and the Checkpointer's alike, docs/tiers.md)."""
+    parser.add_argument(
+        "--replicate-to",
+        default=None,
+        metavar="URL",
+        help="replicate committed bundles in the background to this remote tier (e.g. s3://bucket/run1)",
+    )
+    parser.add_argument(
+        "--replicate-every",
+        type=positive_int,
+        default=1,
+        metavar="K",
+        help="replicate every K-th save (and the last one; default: every save)",
+    )
+    parser.add_argument(
+        "--replicate-storage-options",
+        type=storage_options_arg,
+        default=None,
+        metavar="JSON",
+        help="fsspec options of the remote tier, as --storage-options",
+    )
+    add_retention_arguments(parser, prefix="replica-", tier="remote tier")
 
 
 def retention_fields(args: argparse.Namespace, *, prefix: str = "") -> dict[str, Any]:

@@ -127,27 +127,7 @@ def add_parser(subparsers: Any) -> None:
     )
     retention_args.add_retention_arguments(parser)
     tiers = parser.add_argument_group("two tiers (docs/tiers.md)")
-    tiers.add_argument(
-        "--replicate-to",
-        default=None,
-        metavar="URL",
-        help="replicate committed bundles in the background to this remote tier (e.g. s3://bucket/run1)",
-    )
-    tiers.add_argument(
-        "--replicate-every",
-        type=retention_args.positive_int,
-        default=1,
-        metavar="K",
-        help="replicate every K-th save (and the last one; default: every save)",
-    )
-    tiers.add_argument(
-        "--replicate-storage-options",
-        type=_common.storage_options_arg,
-        default=None,
-        metavar="JSON",
-        help="fsspec options of the remote tier, as --storage-options",
-    )
-    retention_args.add_retention_arguments(tiers, prefix="replica-", tier="remote tier")
+    retention_args.add_replication_arguments(tiers)
     parser.add_argument(
         "--staging-dir",
         default=None,
