@@ -50,11 +50,10 @@ class BufferPool:
             buf = min(fits, key=len)
             self._idle.remove(buf)
             return buf
-        large, self._large = self._large, None
-        if large is not None and len(large) < size:
-            self._large = large  # too small for this one: kept for the next
-            return None
-        return large
+        if self._large is not None and len(self._large) >= size:
+            buf, self._large = self._large, None
+            return buf
+        return None
 
     def give(self, buf: bytearray) -> None:
         """Return a buffer from `take`: kept within the bounds above (the class doc), or freed."""
