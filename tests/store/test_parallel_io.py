@@ -96,6 +96,26 @@ def test_a_part_that_fails_midway_commits_nothing_and_leaves_no_upload_behind(
     assert debris(clean) == []
 
 
+def test_a_part_in_flight_is_sent_from_its_buffer_without_a_copy_of_it(s3_run_url, s3_storage_options, real_fs):
+    buffers = PartBuffers(PART, max_idle=6)
+    for buf in [buffers.take() for _ in range(6)]:  # the pool's buffers exist before: only copies are counted
+        buffers.give(buf)
+    store = faulty_store(s3_run_url, s3_storage_options, real_fs, buffers=buffers)
+    data = memoryview(pattern(3 * PART + 1))
+    with store.begin(2) as txn:
+        tracemalloc.start()
+        try:
+            with txn.open("big.bin") as stream:
+                for at in range(0, len(data), 1 << 20):
+                    stream.write(data[at : at + (1 << 20)])
+            txn.commit()
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert store.open(2).read_bytes("big.bin") == data
+    assert peak < PART  # a part copied on its way to the socket would be a whole 5 MiB allocation
+
+
 def test_a_writer_waits_for_a_free_slot_holding_one_part_and_never_exceeds_the_bound(
     s3_run_url, s3_storage_options, real_fs
 ):

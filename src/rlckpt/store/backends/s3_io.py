@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any
 
@@ -110,6 +110,47 @@ class PartBuffers:
 
 UPLOAD_SLOTS = UploadSlots(UPLOADS_IN_FLIGHT)  # one per process: a rank's uploads, of every store, share them
 PART_BUFFERS = PartBuffers(PART_SIZE, max_idle=UPLOADS_IN_FLIGHT + 1)  # the most one writer has out at once
+
+
+class PartBody:
+    """A request body sent from the part buffer it views, never copied whole: botocore reads it as a file (its
+    length and CRC32), and aiohttp sends it as an async iterable of SLICE-sized views. A bytearray body was
+    copied whole up to three times on the client's loop thread, each a fresh allocation of the part's size
+    while in flight (py3.11 aiohttp: cut to its length, joined with the headers, its unsent rest buffered).
+    Its bytes must not change until the request has ended (the buffer returns to the pool only then)."""
+
+    SLICE = 1 << 20
+
+    def __init__(self, data: memoryview) -> None:
+        self._data = data
+        self._pos = 0
+
+    def __len__(self) -> int:
+        return len(self._data) - self._pos  # what is left to send: botocore's Content-Length
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: len(self._data)}[whence]
+        self._pos = min(max(base + offset, 0), len(self._data))
+        return self._pos
+
+    def read(self, size: int = -1) -> memoryview:
+        """A view, not a copy: botocore only hashes what it reads (and compares the end with b"")."""
+        end = len(self._data) if size is None or size < 0 else min(self._pos + size, len(self._data))
+        out = self._data[self._pos : end]
+        self._pos = end
+        return out
+
+    def __aiter__(self) -> AsyncIterator[memoryview]:
+        return self._slices()
+
+    async def _slices(self) -> AsyncIterator[memoryview]:
+        while self._pos < len(self._data):
+            end = min(self._pos + self.SLICE, len(self._data))
+            yield self._data[self._pos : end]
+            self._pos = end
 
 
 def _on_loop(fs: Any, coro: Coroutine[Any, Any, Any]) -> Future[Any]:
@@ -204,18 +245,14 @@ class S3Upload:
         self._parts.append(self._send(buf, filled, "upload_part", UploadId=self._upload_id, PartNumber=number))
 
     def _send(self, buf: bytearray, filled: int, method: str, **kwargs: Any) -> Future[Any]:
-        """Request `method` with body `buf[:filled]`; `buf` goes back to the pool once the request ended. A body
-        is never copied when it fills at least half its buffer: the buffer is cut to it in place (a bytearray
-        shrinks without moving when it keeps at least half its size) and grown back afterwards; a smaller one
-        is copied out and the buffer given back at once."""
-        if filled * 2 < len(buf):
-            body = bytes(memoryview(buf)[:filled])
+        """Request `method` with body `buf[:filled]`, sent from the buffer itself (PartBody); `buf` goes back to
+        the pool once the request ended."""
+        try:
+            request = self._request(method, Body=PartBody(memoryview(buf)[:filled]), **kwargs)
+        except BaseException:
             self._buffers.give(buf)
-            return self._request(method, Body=body, **kwargs)
-        full = len(buf)
-        del buf[filled:]
-        request = self._request(method, Body=buf, **kwargs)
-        request.add_done_callback(lambda _f: self._buffers.give(_regrown(buf, full)))
+            raise
+        request.add_done_callback(lambda _f: self._buffers.give(buf))
         return request
 
     # --- ending ---------------------------------------------------------------------------------
@@ -303,12 +340,6 @@ class S3Upload:
         if self._state == "open":
             self._state = "aborted"
             self._release_buffer()
-
-
-def _regrown(buf: bytearray, size: int) -> bytearray:
-    """A part buffer cut to its body, grown back to `size` bytes (within its allocation: no move)."""
-    buf.extend(bytes(size - len(buf)))
-    return buf
 
 
 def _pieces(start: int, length: int, piece: int) -> list[tuple[int, int]]:
