@@ -111,3 +111,40 @@ def test_a_rank_count_that_fails_is_reported_and_the_sweep_goes_on_with_what_it_
 
     assert len(kept) == 2 and [ranks for ranks, _ in failed] == [2]
     assert "ReadTimeoutError" in failed[0][1]
+
+
+def test_a_peer_that_fails_at_one_point_is_not_measured_there_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    """A server that times the connector out once (4 ranks x 1 GiB through the proxy) costs that peer that
+    point, not the rank count's other points nor rlckpt's measurements."""
+    import torch
+
+    from rlckpt.bench import policy
+    from rlckpt.testing.dcp_ranks import process_group
+    from rlckpt.testing.moto import free_port
+
+    real_save = policy._Systems.save
+
+    def save(self, system, k, state):
+        if system == DCP and 3 <= k <= 6:  # the first size's repeats (steps 1-2 are the warm-up)
+            raise RuntimeError("Timed out waiting for first byte of HTTP response")
+        return real_save(self, system, k, state)
+
+    monkeypatch.setattr(policy._Systems, "save", save)
+    dest = policy.DestinationJob("local", str(tmp_path / "run"), str(tmp_path / "peers"), None)
+    job = policy.RankJob([dest], sizes_mib=[0.5, 1], repeats=2, verify=True, thread_count=1, out_path="-")
+    threads = torch.get_num_threads()
+    try:
+        with process_group(0, 1, free_port()) as mesh:
+            first, second = (
+                policy.points_from_document({"points": [p]})[0]
+                for p in policy._measure_destination(0, 1, mesh, dest, job)
+            )
+    finally:
+        torch.set_num_threads(threads)
+
+    assert first.systems == [RLCKPT] and len(first.measurements) == 2
+    assert first.skipped[DCP] == (
+        "failed at 1 ranks, 0.5 MiB, repeat 1: Timed out waiting for first byte of HTTP response"
+    )
+    assert sorted(second.systems) == sorted([RLCKPT, DCP]) and DCP not in second.skipped
+    assert skipped_note([first, second]).count("not measured") == 1

@@ -28,6 +28,7 @@ Systems:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import gc
@@ -242,9 +243,10 @@ def _pooled_bytes() -> int:
     return READ_BUFFERS.idle_bytes + PART_BUFFERS.idle_bytes
 
 
-def _measured(fn: Callable[[], Any], counts_pools: bool) -> tuple[float, float]:
-    """(seconds, extra MiB) of `fn` on every rank: the time from a barrier before to a barrier after, and the
-    largest rank's peak RSS during it over its RSS before (plus rlckpt's pooled buffers when `counts_pools`)."""
+def _measured(fn: Callable[[], Any], counts_pools: bool) -> tuple[float, float, str | None]:
+    """(seconds, extra MiB, failure) of `fn` on every rank: the time from a barrier before to the ranks'
+    agreement after (`_try_together`), the largest rank's peak RSS during it over its RSS before (plus rlckpt's
+    pooled buffers when `counts_pools`), and None, or the first line of a failure on any rank."""
     import torch
     import torch.distributed as dist
 
@@ -253,12 +255,11 @@ def _measured(fn: Callable[[], Any], counts_pools: bool) -> tuple[float, float]:
     base = _proc_status_kib("VmRSS") * 1024 - (_pooled_bytes() if counts_pools else 0)
     dist.barrier()
     start = time.perf_counter()
-    fn()
-    dist.barrier()
+    error = _try_together(fn)
     seconds = time.perf_counter() - start
     extra = torch.tensor([max(0, _proc_status_kib("VmHWM") * 1024 - base)], dtype=torch.int64)
     dist.all_reduce(extra, op=dist.ReduceOp.MAX)
-    return seconds, int(extra.item()) / MiB
+    return seconds, int(extra.item()) / MiB, error
 
 
 def _shared_client(options: dict[str, Any]) -> dict[str, Any]:
@@ -484,18 +485,28 @@ def _measure_destination(
             "skipped": skipped,
             "measurements": [],
         }
+        failed: dict[str, str] = {}  # peers that failed at this size: not measured here, tried again at the next
         for repeat in range(job.repeats):
             shift = repeat % len(order)
             for system in order[shift:] + order[:shift]:
+                if system in failed:
+                    continue
                 step += 1
                 pools = system == RLCKPT
-                save_s, save_mib = _measured(functools.partial(systems.save, system, step, state), pools)
+                save_s, save_mib, error = _measured(functools.partial(systems.save, system, step, state), pools)
                 _zero(state)
-                load_s, load_mib = _measured(functools.partial(systems.load, system, step, state), pools)
+                load_s, load_mib = 0.0, 0.0
+                if error is None:
+                    load_s, load_mib, error = _measured(functools.partial(systems.load, system, step, state), pools)
+                if error is not None:
+                    _peer_failed(system, error, f"{world_size} ranks, {size:g} MiB, repeat {repeat + 1}", failed)
+                    with contextlib.suppress(Exception):
+                        systems.remove(system, step, rank)
+                    continue
                 digest_s = None
                 if system == DCP:
                     shards = _own_shards(systems.where(system, step), rank)
-                    digest_s, _ = _measured(functools.partial(_blake3_pass, shards), False)
+                    digest_s, _, _ = _measured(functools.partial(_blake3_pass, shards), False)
                     del shards
                 ok = True
                 if job.verify:
@@ -524,9 +535,19 @@ def _measure_destination(
                         f"{'ok' if ok else 'MISMATCH'}",
                         flush=True,
                     )
+        point["skipped"] = {**skipped, **failed}
+        point["measurements"] = [m for m in point["measurements"] if m["system"] not in failed]
         points.append(point)
         del model, optim, state, reference
     return points
+
+
+def _peer_failed(system: str, error: str, where: str, failed: dict[str, str]) -> None:
+    """A peer that fails once at a point (a server that timed it out) is not measured at that point, and the
+    sweep goes on; rlckpt failing is the benchmark's own failure."""
+    if system == RLCKPT:
+        raise RuntimeError(f"rlckpt failed at {where}: {error}")
+    failed[system] = f"failed at {where}: {error}"
 
 
 # --- the driver ----------------------------------------------------------------------------------------

@@ -93,14 +93,10 @@ def policy_table(points: Sequence[PointResult]) -> str:
 
 
 def skipped_note(points: Sequence[PointResult]) -> str:
-    """One line per (destination, system) not measured, and why."""
-    seen: dict[tuple[str, str], str] = {}
-    for p in points:
-        for system, why in p.skipped.items():
-            seen.setdefault((p.destination, system), why)
-    return "".join(
-        f"- {dest}: {LABELS.get(system, system)} not measured: {why}\n" for (dest, system), why in seen.items()
-    )
+    """One line per destination, system and reason not measured (a reason of the whole destination once, a
+    failure at one point once per point)."""
+    seen = dict.fromkeys((p.destination, system, why) for p in points for system, why in p.skipped.items())
+    return "".join(f"- {dest}: {LABELS.get(system, system)} not measured: {why}\n" for dest, system, why in seen)
 
 
 def targets_summary(checks: Sequence[TargetCheck]) -> str:

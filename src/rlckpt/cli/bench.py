@@ -767,9 +767,11 @@ def run_policy(args: argparse.Namespace) -> int:
         f"load average at start {meta.get('load_average_1m', 0):.1f}, at end "
         f"{meta.get('load_average_1m_end', float('nan')):.1f})\n\n" + markdown
     )
-    policy_plot(points, out.with_suffix(".png"))
+    wrote = [out, out.with_suffix(".md")]
+    if points:  # nothing measured (every spawn failed): the table says so, there is nothing to draw
+        wrote.append(policy_plot(points, out.with_suffix(".png")))
     print(markdown)
-    print(f"wrote {out}, {out.with_suffix('.md')}, {out.with_suffix('.png')}", file=sys.stderr)
+    print(f"wrote {', '.join(map(str, wrote))}", file=sys.stderr)
     return _common.EXIT_OK
 
 
