@@ -1,0 +1,157 @@
+"""S3 ceiling: how fast the server itself takes and gives whole objects, with no checkpoint around them.
+
+Raw PUTs and GETs of 16 MiB objects (a shard file's size) through s3fs's own async client, N at once, no
+hashing, no DCP: what no checkpoint library reaching this endpoint from one process can beat. `rlckpt bench
+policy` puts rlckpt and its peers against each other; this says how close the best of them is to the server.
+
+    scripts/rgw.sh start   # Ceph RGW on 127.0.0.1:7480
+    PYTHONPATH=src .venv/bin/python benchmarks/s3_ceiling.py --endpoint http://127.0.0.1:7480 --proxy \
+        --out benchmarks/results/s3_ceiling.json
+
+--proxy also measures through the ETag proxy (bench/etag_proxy.py; needs nginx). Writes JSON and a markdown
+table beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import statistics
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import s3fs
+
+from rlckpt.bench.etag_proxy import etag_proxy
+
+OBJECT = 16 << 20
+
+
+def _client(endpoint: str, key: str, secret: str) -> Any:
+    return s3fs.S3FileSystem(
+        key=key,
+        secret=secret,
+        skip_instance_cache=True,
+        client_kwargs={"endpoint_url": endpoint, "region_name": "us-east-1"},
+        config_kwargs={"s3": {"payload_signing_enabled": False}},
+    )
+
+
+async def _put_all(fs: Any, bucket: str, prefix: str, count: int, at_once: int, body: bytes) -> None:
+    slots = asyncio.Semaphore(at_once)
+
+    async def put(i: int) -> None:
+        async with slots:
+            await fs._call_s3("put_object", Bucket=bucket, Key=f"{prefix}/{i}", Body=body)
+
+    await asyncio.gather(*(put(i) for i in range(count)))
+
+
+async def _get_all(fs: Any, bucket: str, prefix: str, count: int, at_once: int) -> None:
+    slots = asyncio.Semaphore(at_once)
+
+    async def get(i: int) -> None:
+        async with slots:
+            await fs._cat_file(f"{bucket}/{prefix}/{i}")
+
+    await asyncio.gather(*(get(i) for i in range(count)))
+
+
+def _timed(fs: Any, coro: Any) -> tuple[float, float]:
+    """Wall seconds and this process's CPU seconds of one run on the client's loop."""
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    start = time.perf_counter()
+    s3fs.core.sync(fs.loop, lambda: coro)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def measure(endpoint: str, key: str, secret: str, mib: int, at_once: list[int], repeats: int) -> list[dict[str, Any]]:
+    fs = _client(endpoint, key, secret)
+    bucket = f"ceiling-{uuid.uuid4().hex[:8]}"
+    fs.call_s3("create_bucket", Bucket=bucket)
+    body = os.urandom(OBJECT)
+    count = max(1, (mib << 20) // OBJECT)
+    rows = []
+    try:
+        for n in at_once:
+            for op in ("put", "get"):
+                walls, cpus = [], []
+                for r in range(repeats):
+                    prefix = f"n{n}-r{r}"
+                    if op == "put":
+                        wall, cpu = _timed(fs, _put_all(fs, bucket, prefix, count, n, body))
+                    else:
+                        _timed(fs, _put_all(fs, bucket, prefix, count, 8, body))
+                        wall, cpu = _timed(fs, _get_all(fs, bucket, prefix, count, n))
+                    walls.append(wall)
+                    cpus.append(cpu)
+                    fs.rm(f"{bucket}/{prefix}", recursive=True)
+                wall = statistics.median(walls)
+                rows.append(
+                    {
+                        "op": op,
+                        "at_once": n,
+                        "mib": count * OBJECT >> 20,
+                        "seconds": wall,
+                        "mib_per_s": (count * OBJECT >> 20) / wall,
+                        "client_cpu_s": statistics.median(cpus),
+                    }
+                )
+                print(f"  {op} {n} at once: {rows[-1]['mib_per_s']:.0f} MiB/s ({wall:.2f} s)", flush=True)
+    finally:
+        fs.rm(bucket, recursive=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--endpoint", required=True, help="S3 endpoint, e.g. http://127.0.0.1:7480")
+    parser.add_argument("--key", default="testing")
+    parser.add_argument("--secret", default="testing")
+    parser.add_argument("--mib", type=int, default=1024, help="bytes moved per run (default 1024)")
+    parser.add_argument("--at-once", default="1,2,4,8", help="requests in flight, comma list (default 1,2,4,8)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--proxy", action="store_true", help="also measure through the ETag proxy (nginx)")
+    parser.add_argument("--out", type=Path, help="results JSON (a .md goes beside it)")
+    args = parser.parse_args()
+    at_once = [int(n) for n in args.at_once.split(",")]
+    results: dict[str, list[dict[str, Any]]] = {}
+    print(f"direct {args.endpoint}", flush=True)
+    results["direct"] = measure(args.endpoint, args.key, args.secret, args.mib, at_once, args.repeats)
+    if args.proxy:
+        with etag_proxy(args.endpoint) as proxied:
+            print(f"through the ETag proxy {proxied}", flush=True)
+            results["etag-proxy"] = measure(proxied, args.key, args.secret, args.mib, at_once, args.repeats)
+    if args.out:
+        meta = {
+            "endpoint": args.endpoint,
+            "object_mib": OBJECT >> 20,
+            "repeats": args.repeats,
+            "date": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime()),
+        }
+        args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+        lines = [
+            f"S3 ceiling at {args.endpoint} ({meta['date']}): {args.mib} MiB as {OBJECT >> 20} MiB objects through "
+            f"s3fs's client, no hashing; medians of {args.repeats}. Client CPU is this process's user+system.",
+            "",
+            "| path | op | in flight | MiB/s | s | client CPU s |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for path, rows in results.items():
+            lines += [
+                f"| {path} | {r['op']} | {r['at_once']} | {r['mib_per_s']:.0f} | {r['seconds']:.2f} | "
+                f"{r['client_cpu_s']:.2f} |"
+                for r in rows
+            ]
+        args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
