@@ -6,6 +6,7 @@ by every other store test on both backends. Parts are 5 MiB here (S3's smallest)
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import threading
 import tracemalloc
@@ -14,7 +15,7 @@ import pytest
 
 from rlckpt.errors import CorruptBundleError
 from rlckpt.store import BundleStore, BundleTransaction, copy_bundle
-from rlckpt.store.backends.s3_io import PartBuffers, UploadSlots, _pieces
+from rlckpt.store.backends.s3_io import PartBody, PartBuffers, UploadSlots, _pieces
 from rlckpt.testing.faults import FaultPlan, FaultyFileSystem, InjectedFault
 from rlckpt.testing.store_checks import debris, declare_writers_dead, multipart_uploads, stored_path
 
@@ -114,6 +115,31 @@ def test_a_part_in_flight_is_sent_from_its_buffer_without_a_copy_of_it(s3_run_ur
             tracemalloc.stop()
     assert store.open(2).read_bytes("big.bin") == data
     assert peak < PART  # a part copied on its way to the socket would be a whole 5 MiB allocation
+
+
+def test_a_part_body_reads_to_botocore_as_the_same_bytes_a_bytes_body_would():
+    """What botocore does with a body: its length, its CRC32 (plain http), and its aws-chunked encoding with a
+    trailing checksum (https) come out as for the bytes themselves, after a retry's rewind too."""
+    from botocore.httpchecksum import AwsChunkedWrapper, Crc32Checksum
+    from botocore.utils import determine_content_length
+
+    data = os.urandom(3 * PartBody.SLICE + 123)
+    body = PartBody(memoryview(bytearray(data))[: len(data) - 23])
+    expected = data[: len(data) - 23]
+
+    def encoded(raw):
+        return AwsChunkedWrapper(raw, checksum_cls=Crc32Checksum, checksum_name="x-amz-checksum-crc32").read()
+
+    assert determine_content_length(body) == len(expected)
+    assert Crc32Checksum().handle(body) == Crc32Checksum().handle(io.BytesIO(expected))
+    assert body.tell() == 0  # botocore rewinds after hashing
+    assert encoded(body) == encoded(io.BytesIO(expected))
+    body.seek(0)  # a retry sends it again from its start
+
+    async def sent():
+        return b"".join([bytes(piece) async for piece in body])
+
+    assert asyncio.run(sent()) == expected
 
 
 def test_a_writer_waits_for_a_free_slot_holding_one_part_and_never_exceeds_the_bound(
