@@ -1,8 +1,9 @@
 """S3 ceiling: how fast the server itself takes and gives whole objects, with no checkpoint around them.
 
-Raw PUTs and GETs of 16 MiB objects (a shard file's size) through s3fs's own async client, N at once, no
-hashing, no DCP: what no checkpoint library reaching this endpoint from one process can beat. `rlckpt bench
-policy` puts rlckpt and its peers against each other; this says how close the best of them is to the server.
+Raw PUTs and GETs of 16 MiB objects (a shard file's size) through the S3 client the store builds (s3fs's, with
+the store's options), N at once, no hashing, no DCP: what no checkpoint library reaching this endpoint from one
+process can beat. `rlckpt bench policy` puts rlckpt and its peers against each other; this says how close the
+best of them is to the server.
 
     scripts/rgw.sh start   # Ceph RGW on 127.0.0.1:7480
     PYTHONPATH=src .venv/bin/python benchmarks/s3_ceiling.py --endpoint http://127.0.0.1:7480 --proxy \
@@ -16,57 +17,47 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import resource
 import statistics
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import s3fs
+from fsspec.asyn import sync
 
 from rlckpt.bench.etag_proxy import etag_proxy
+from rlckpt.store import open_location
+from rlckpt.testing.moto import s3_options_for
 
 OBJECT = 16 << 20
 
 
 def _client(endpoint: str, key: str, secret: str) -> Any:
-    return s3fs.S3FileSystem(
-        key=key,
-        secret=secret,
-        skip_instance_cache=True,
-        client_kwargs={"endpoint_url": endpoint, "region_name": "us-east-1"},
-        config_kwargs={"s3": {"payload_signing_enabled": False}},
-    )
+    """The S3 client the store itself builds for this endpoint (its config: no payload signing, deadlines)."""
+    return open_location("s3://ceiling", s3_options_for(endpoint, key, secret))[0]
 
 
-async def _put_all(fs: Any, bucket: str, prefix: str, count: int, at_once: int, body: bytes) -> None:
+async def _at_once(count: int, at_once: int, request: Callable[[int], Awaitable[Any]]) -> None:
+    """`request(i)` for i in range(count), at most `at_once` in flight."""
     slots = asyncio.Semaphore(at_once)
 
-    async def put(i: int) -> None:
+    async def one(i: int) -> None:
         async with slots:
-            await fs._call_s3("put_object", Bucket=bucket, Key=f"{prefix}/{i}", Body=body)
+            await request(i)
 
-    await asyncio.gather(*(put(i) for i in range(count)))
-
-
-async def _get_all(fs: Any, bucket: str, prefix: str, count: int, at_once: int) -> None:
-    slots = asyncio.Semaphore(at_once)
-
-    async def get(i: int) -> None:
-        async with slots:
-            await fs._cat_file(f"{bucket}/{prefix}/{i}")
-
-    await asyncio.gather(*(get(i) for i in range(count)))
+    await asyncio.gather(*(one(i) for i in range(count)))
 
 
-def _timed(fs: Any, coro: Any) -> tuple[float, float]:
-    """Wall seconds and this process's CPU seconds of one run on the client's loop."""
+def _timed(fs: Any, run: Callable[[], Awaitable[Any]]) -> tuple[float, float]:
+    """Wall seconds and this process's CPU seconds of `run()` on the client's loop."""
     before = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
-    s3fs.core.sync(fs.loop, lambda: coro)
+    sync(fs.loop, run)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_SELF)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -85,11 +76,16 @@ def measure(endpoint: str, key: str, secret: str, mib: int, at_once: list[int], 
                 walls, cpus = [], []
                 for r in range(repeats):
                     prefix = f"n{n}-r{r}"
-                    if op == "put":
-                        wall, cpu = _timed(fs, _put_all(fs, bucket, prefix, count, n, body))
-                    else:
-                        _timed(fs, _put_all(fs, bucket, prefix, count, 8, body))
-                        wall, cpu = _timed(fs, _get_all(fs, bucket, prefix, count, n))
+
+                    async def put(i: int, prefix: str = prefix) -> None:
+                        await fs._call_s3("put_object", Bucket=bucket, Key=f"{prefix}/{i}", Body=body)
+
+                    async def get(i: int, prefix: str = prefix) -> None:
+                        await fs._cat_file(f"{bucket}/{prefix}/{i}")
+
+                    if op == "get":  # the objects to read, put untimed
+                        sync(fs.loop, _at_once, count, 8, put)
+                    wall, cpu = _timed(fs, functools.partial(_at_once, count, n, put if op == "put" else get))
                     walls.append(wall)
                     cpus.append(cpu)
                     fs.rm(f"{bucket}/{prefix}", recursive=True)
