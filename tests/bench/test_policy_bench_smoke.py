@@ -148,3 +148,28 @@ def test_a_peer_that_fails_at_one_point_is_not_measured_there_and_the_sweep_goes
     )
     assert sorted(second.systems) == sorted([RLCKPT, DCP]) and DCP not in second.skipped
     assert skipped_note([first, second]).count("not measured") == 1
+
+
+def test_a_peer_save_through_the_proxy_is_shown_but_not_compared_and_its_direct_load_is():
+    """On RGW reached directly the connector can only save through the ETag proxy: its save is not where
+    rlckpt's ran, so no save target judges rlckpt against it and the table shows it in parentheses; its load
+    ran direct, beside rlckpt's, and is judged."""
+    from rlckpt.bench.policy import Measurement, PointResult
+    from rlckpt.bench.policy_report import proxied_note
+
+    def m(system, save_s, load_s):
+        return Measurement(system, 0, save_s, load_s, True, save_extra_mib=10.0, load_extra_mib=10.0)
+
+    point = PointResult(
+        256, 256 << 20, 64, 1, "s3-rgw",
+        [m(RLCKPT, 3.0, 1.0), m(S3TC, 2.0, 1.2), m(FSSPEC, 5.0, 4.0)],
+        proxied_saves=[S3TC],
+    )  # fmt: skip
+    round_tripped = points_from_document(result_document([point], PolicyBenchConfig([256], [1]), {}))[0]
+
+    targets = {c.target for c in evaluate_targets([round_tripped])}
+    assert "save <= 0.90x s3torchconnector" not in targets
+    assert {"load <= 0.90x s3torchconnector", "save <= 0.80x fsspec"} <= targets
+    row = policy_table([round_tripped]).splitlines()[2]
+    assert "| 3.00 / (2.00) / 5.00 | - | " in row and "| 1.00 / 1.20 / 4.00 | 0.83× |" in row
+    assert "saved through the ETag proxy" in proxied_note([round_tripped])

@@ -107,13 +107,15 @@ class PolicyBenchConfig:
 class DestinationJob:
     """Where one destination's saves go: the rlckpt run, the other systems' checkpoint root (a dir or s3:// URL),
     and for S3 the endpoint and credentials the connector's own client needs. `skip` names systems not run
-    here, with the reason."""
+    here, with the reason. `s3tc_save_options`: the connector saves through these (the ETag proxy before the
+    same server) and loads from `storage_options`, so its load is measured where rlckpt's is."""
 
     destination: str
     run_url: str
     other_root: str
     storage_options: dict[str, Any] | None
     skip: dict[str, str] = field(default_factory=dict)
+    s3tc_save_options: dict[str, Any] | None = None
 
     @property
     def kind(self) -> str:
@@ -163,6 +165,11 @@ class PointResult:
     measurements: list[Measurement] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
     kind: str = "s3"
+    proxied_saves: list[str] = field(default_factory=list)  # systems that saved through a proxy, not compared
+
+    def compared(self, system: str, op: str) -> bool:
+        """Whether `system`'s `op` ran where rlckpt's did (a save through the ETag proxy did not)."""
+        return self.measured(system) and not (op == "save" and system in self.proxied_saves)
 
     @property
     def systems(self) -> list[str]:
@@ -277,7 +284,7 @@ class _Systems:
         self.dest = dest
         self.thread_count = thread_count
         self.store = BundleStore(dest.run_url, dest.storage_options)
-        self._s3tc_client: Any = None
+        self._s3tc_clients: dict[bool, Any] = {}  # one for saves, one for loads (the same one without a proxy)
 
     def where(self, system: str, k: int) -> str:
         return f"{self.store.root}/step_{k}" if system == RLCKPT else f"{self.dest.other_root}/{system}_{k}"
@@ -302,7 +309,7 @@ class _Systems:
 
         writer = S3StorageWriter(S3TC_REGION, path, thread_count=self.thread_count)
         # its endpoint; typed through Any: the peers extra may be absent where mypy runs
-        cast(Any, writer).fs = S3FileSystem(S3TC_REGION, s3_client=self._s3tc())
+        cast(Any, writer).fs = S3FileSystem(S3TC_REGION, s3_client=self._s3tc(saving=True))
         writer.path = writer.fs.init_path(path)
         return writer
 
@@ -324,24 +331,28 @@ class _Systems:
         from s3torchconnector.dcp.s3_file_system import S3FileSystem
 
         reader = S3StorageReader(S3TC_REGION, path)
-        reader.fs = S3FileSystem(S3TC_REGION, s3_client=self._s3tc(), reader_constructor=reader._reader_constructor)
+        reader.fs = S3FileSystem(
+            S3TC_REGION, s3_client=self._s3tc(saving=False), reader_constructor=reader._reader_constructor
+        )
         reader.path = reader.fs.init_path(path)
         return reader
 
-    def _s3tc(self) -> Any:
-        if self._s3tc_client is None:
+    def _s3tc(self, saving: bool) -> Any:
+        """The connector's client for saves (through `s3tc_save_options` when given) or for loads."""
+        via_proxy = saving and self.dest.s3tc_save_options is not None
+        if via_proxy not in self._s3tc_clients:
             from s3torchconnector import S3ClientConfig
             from s3torchconnector._s3client import S3Client
 
-            options = self.dest.storage_options or {}
+            options = (self.dest.s3tc_save_options if via_proxy else self.dest.storage_options) or {}
             os.environ["AWS_ACCESS_KEY_ID"] = options.get("key", "testing")  # its client reads credentials here
             os.environ["AWS_SECRET_ACCESS_KEY"] = options.get("secret", "testing")
-            self._s3tc_client = S3Client(
+            self._s3tc_clients[via_proxy] = S3Client(
                 S3TC_REGION,
                 endpoint=options.get("endpoint_url"),
                 s3client_config=S3ClientConfig(force_path_style=True),
             )
-        return self._s3tc_client
+        return self._s3tc_clients[via_proxy]
 
     def save(self, system: str, k: int, state: Any) -> None:
         """`dcp.save` of `state` as checkpoint `k` through `system` (its writer made here: part of the time)."""
@@ -483,6 +494,7 @@ def _measure_destination(
             "destination": dest.destination,
             "kind": dest.kind,
             "skipped": skipped,
+            "proxied_saves": [S3TC] if dest.s3tc_save_options is not None and S3TC in order else [],
             "measurements": [],
         }
         failed: dict[str, str] = {}  # peers that failed at this size: not measured here, tried again at the next
@@ -587,7 +599,12 @@ def run_sweep(
                 reasons.setdefault(S3TC, missing)
             jobs.append(
                 DestinationJob(
-                    d.name, d.run_url(f"policy-{ranks}r"), d.run_url(f"peers-{ranks}r"), d.storage_options, reasons
+                    d.name,
+                    d.run_url(f"policy-{ranks}r"),
+                    d.run_url(f"peers-{ranks}r"),
+                    d.storage_options,
+                    reasons,
+                    d.peer_save_options,
                 )
             )
         job = RankJob(
@@ -632,7 +649,7 @@ def evaluate_targets(points: list[PointResult]) -> list[TargetCheck]:
     for p in points:
         where = f"{p.destination}, {p.ranks} ranks, {p.size_mib:g} MiB"
         for t in TARGETS:
-            if t.kind != p.kind or not p.measured(t.against):
+            if t.kind != p.kind or not p.compared(t.against, t.op):
                 continue
             ratio = p.ratio(t.op, t.against, t.memory)
             if math.isnan(ratio):
@@ -700,6 +717,7 @@ def points_from_document(document: dict[str, Any]) -> list[PointResult]:
             [Measurement(**m) for m in p["measurements"]],
             dict(p.get("skipped", {})),
             p.get("kind", "local" if p["destination"] == "local" else "s3"),
+            list(p.get("proxied_saves", [])),
         )
         for p in document["points"]
     ]

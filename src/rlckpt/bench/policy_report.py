@@ -19,8 +19,9 @@ def _limit(kind: str, op: str, against: str, memory: bool = False) -> float | No
 
 
 def _ratio(p: PointResult, op: str, against: str, memory: bool = False) -> str:
-    """rlckpt over `against` at `p`, in bold when it misses its target; "-" where `against` was not measured."""
-    if not p.measured(against):
+    """rlckpt over `against` at `p`, in bold when it misses its target; "-" where `against` was not measured, or
+    not where rlckpt was (a save through the ETag proxy)."""
+    if not p.compared(against, op):
         return "-"
     value = p.ratio(op, against, memory)
     if math.isnan(value):
@@ -30,13 +31,18 @@ def _ratio(p: PointResult, op: str, against: str, memory: bool = False) -> str:
     return text if limit is None or value <= limit else f"**{text}**"
 
 
+def _shown(p: PointResult, system: str, op: str, text: str) -> str:
+    """A figure as measured; in parentheses when it was not measured where rlckpt's was (the proxy)."""
+    return text if p.compared(system, op) else f"({text})"
+
+
 def _seconds(p: PointResult, system: str, op: str) -> str:
-    return f"{p.median(system, op):.2f}" if p.measured(system) else "-"
+    return _shown(p, system, op, f"{p.median(system, op):.2f}") if p.measured(system) else "-"
 
 
 def _mib(p: PointResult, system: str, op: str) -> str:
     value = p.memory(system, op) if p.measured(system) else float("nan")
-    return "-" if math.isnan(value) else f"{value:.0f}"
+    return "-" if math.isnan(value) else _shown(p, system, op, f"{value:.0f}")
 
 
 def s3_table(points: Sequence[PointResult]) -> str:
@@ -99,6 +105,17 @@ def skipped_note(points: Sequence[PointResult]) -> str:
     return "".join(f"- {dest}: {LABELS.get(system, system)} not measured: {why}\n" for dest, system, why in seen)
 
 
+def proxied_note(points: Sequence[PointResult]) -> str:
+    """One line per destination where a system saved through the ETag proxy: its save is shown in parentheses,
+    not compared, and its load was measured direct, beside rlckpt's."""
+    seen = dict.fromkeys((p.destination, system) for p in points for system in p.proxied_saves if p.measured(system))
+    return "".join(
+        f"- {dest}: {LABELS.get(system, system)} saved through the ETag proxy (the server refuses its saves "
+        "directly) and loaded direct, as rlckpt does: its saves are in parentheses and not compared\n"
+        for dest, system in seen
+    )
+
+
 def targets_summary(checks: Sequence[TargetCheck]) -> str:
     """Per destination and target: how many points met it, and the worst ratio."""
     groups: dict[tuple[str, str], list[TargetCheck]] = {}
@@ -141,7 +158,7 @@ def policy_plot(points: Sequence[PointResult], path: Path) -> Path:
                 for op, line in (("save", "-"), ("load", "--")):
                     ax.plot(
                         ranks,
-                        [p.mib_per_s(system, op) if p.measured(system) else float("nan") for p in series],
+                        [p.mib_per_s(system, op) if p.compared(system, op) else float("nan") for p in series],
                         line,
                         color=color,
                         marker=marker,

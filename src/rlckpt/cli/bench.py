@@ -666,7 +666,7 @@ def run_policy(args: argparse.Namespace) -> int:
         result_document,
         run_sweep,
     )
-    from rlckpt.bench.policy_report import policy_plot, policy_table, skipped_note, targets_summary
+    from rlckpt.bench.policy_report import policy_plot, policy_table, proxied_note, skipped_note, targets_summary
     from rlckpt.bench.report import write_json
 
     out = Path(args.out)
@@ -711,7 +711,10 @@ def run_policy(args: argparse.Namespace) -> int:
             chosen = list(dests.destinations)
             if "rgw-proxy" in names:
                 proxied = stack.enter_context(etag_proxy(args.rgw_endpoint.rstrip("/")))
-                chosen.append(s3_destination("s3-rgw-etag-proxy", proxied, args.rgw_key, args.rgw_secret))
+                via_proxy = s3_destination("s3-rgw-etag-proxy", proxied, args.rgw_key, args.rgw_secret)
+                for direct in (d for d in chosen if d.name == "s3-rgw"):  # the connector saves there, loads direct
+                    direct.peer_save_options = via_proxy.storage_options
+                chosen.append(via_proxy)
             print(
                 f"rlckpt bench policy: {', '.join(d.name for d in chosen)} x {config.ranks} ranks "
                 f"x {config.sizes_mib} MiB",
@@ -748,15 +751,19 @@ def run_policy(args: argparse.Namespace) -> int:
         "client, 8 MiB parts). Times are the slowest rank's; +MiB is the largest rank's peak RSS over its RSS "
         "before the operation (rlckpt's pooled buffers counted as its own). Ratios: rlckpt over the other (below 1: "
         "rlckpt faster or smaller); **bold** misses its target. s3-rgw is Ceph RGW reached directly, "
-        "s3-rgw-etag-proxy the same RGW through the nginx that adds the ETag header Ceph 16 omits.\n\n"
+        "s3-rgw-etag-proxy the same RGW through the nginx that adds the ETag header Ceph 16 omits; on s3-rgw, "
+        "when both are measured, the connector saves through the proxy and loads direct (its saves in parentheses, "
+        "not compared).\n\n"
     )
-    note = skipped_note(points) + "".join(
-        f"- {what}: failed: {why}\n" for what, why in meta.get("not_measured", {}).items()
+    note = (
+        skipped_note(points)
+        + proxied_note(points)
+        + "".join(f"- {what}: failed: {why}\n" for what, why in meta.get("not_measured", {}).items())
     )
     markdown = (
         settings
         + policy_table(points)
-        + (f"\nNot measured:\n\n{note}" if note else "")
+        + (f"\nNot measured, or not compared:\n\n{note}" if note else "")
         + "\nTargets (rlckpt's median against each, every point):\n\n"
         + targets_summary(evaluate_targets(points))
         + "\nDigest throughput on this machine (one process, a buffer in memory; the store's own hashers):\n\n"
