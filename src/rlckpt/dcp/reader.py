@@ -5,7 +5,8 @@ so resharding is DCP's) with its filesystem replaced by the bundle: every byte t
 against the manifest first. `.metadata` is read digest-checked once, when the reader is made, and only
 then unpickled; each shard file a rank needs is fetched once, digest-checked, and sliced by the
 offset/length DCP recorded. Files are fetched a few ahead of the read loop (see _Prefetch), into reused
-buffers, hashed as they arrive.
+buffers, hashed as they arrive; a file that holds one large tensor is read at its turn straight into the
+tensor it loads into (_direct.py), so no buffer of a tensor's size is held, however large the tensor.
 
 A digest proves a bundle intact, not who wrote it, so nothing of it is unpickled where code could run:
 `.metadata` only through an allowlist unpickler, and a non-tensor item reaches the caller's planner only
@@ -35,6 +36,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from rlckpt.errors import CorruptBundleError, RlckptError, ShardedCheckpointError, UncommittedBundleError
 from rlckpt.store import READ_BUFFERS, Bundle, BundleStore, FileEntry, VerifyKey, join_relpath, validate_relpath
 
+from ._direct import DIRECT_MIN, in_place, locate, read_into_tensor
 from ._format import DEFAULT_PREFIX, METADATA_NAME, ViewStream, load_tensor_view
 from ._plan import BundleRef
 from ._safe_unpickle import VettedBytesPlanner, load_metadata
@@ -455,11 +457,16 @@ class BundleStorageReader(FileSystemReader):
             per_file.setdefault(self._relpath(self.storage_data[item.storage_index]), []).append(item)
         items_in: Counter[str] = Counter(self._relpath(info) for info in self.storage_data.values())
         single = frozenset(rel for rel in per_file if items_in[rel] == 1)
-        prefetch = _Prefetch(self.bundle, list(per_file), self.fetch_workers, self.spool_dir, single)
+        direct = frozenset(rel for rel in single if self._direct_candidate(rel, per_file[rel]))
+        ahead = [rel for rel in per_file if rel not in direct]  # a direct file is read at its turn, into its tensor
+        prefetch = _Prefetch(self.bundle, ahead, self.fetch_workers, self.spool_dir, single)
         self._files.prefetch = prefetch
         vetted = VettedBytesPlanner(planner, self._item_origin)
         try:
             for relpath, requests in per_file.items():
+                if relpath in direct:
+                    self._load_direct(relpath, requests[0], vetted)
+                    continue
                 with self._files.create_stream(relpath, "rb") as stream:
                     for request in requests:
                         self._load_item(stream, request, vetted)
@@ -481,8 +488,11 @@ class BundleStorageReader(FileSystemReader):
     def _relpath(self, info: Any) -> str:
         return os.fspath(self.fs.concat_path(self.path, info.relative_path))
 
-    def _load_item(self, stream: io.IOBase, request: ReadItem, planner: LoadPlanner) -> None:
-        """One item, as DCP's FileSystemReader.read_data loads it (the same checks and calls, in order)."""
+    def _load_item(
+        self, stream: io.IOBase, request: ReadItem, planner: LoadPlanner, target: torch.Tensor | None = None
+    ) -> None:
+        """One item, as DCP's FileSystemReader.read_data loads it (the same checks and calls, in order);
+        `target`: the planner's tensor for it, when it was asked already."""
         info = self.storage_data[request.storage_index]
         if request.type == LoadItemType.BYTE_IO:
             source = self.transforms.transform_load_stream(
@@ -494,12 +504,48 @@ class BundleStorageReader(FileSystemReader):
             return
         tensor = self._tensor(stream, request, info)
         tensor = narrow_tensor_by_index(tensor, request.storage_offsets, request.lengths)
-        target = planner.resolve_tensor(request).detach()
+        target = planner.resolve_tensor(request).detach() if target is None else target
         if target.size() != tensor.size():
             raise AssertionError(f"req {request.storage_index} mismatch sizes {target.size()} vs {tensor.size()}")
         target.copy_(tensor)
         planner.commit_tensor(request, target)
         # `tensor` may view the pooled buffer of `stream`: it ends here, before the stream gives the buffer back
+
+    def _direct_candidate(self, relpath: str, requests: list[ReadItem]) -> bool:
+        """A file to read straight into its tensor (_direct.py): one plain tensor item that is the whole file,
+        stored uncompressed, of at least DIRECT_MIN bytes."""
+        entry = self.bundle.manifest.files.get(relpath)
+        if len(requests) != 1 or entry is None or entry.compression is not None or entry.size < DIRECT_MIN:
+            return False
+        info = self.storage_data[requests[0].storage_index]
+        return (
+            requests[0].type == LoadItemType.TENSOR
+            and not info.transform_descriptors
+            and info.offset == 0
+            and info.length == entry.size
+        )
+
+    def _load_direct(self, relpath: str, request: ReadItem, planner: LoadPlanner) -> None:
+        """The file's one tensor item read straight into the planner's tensor (_direct.py) and committed; read
+        the common way when the file or the tensor does not fit that (nothing was read into the tensor then).
+        The planner is asked for its tensor once: the common way gets the same tensor."""
+        info = self.storage_data[request.storage_index]
+        self._files.item = (relpath, self._items[id(info)], info)
+        target = planner.resolve_tensor(request).detach()
+        layout = locate(
+            self.bundle, relpath, self.bundle.manifest.files[relpath], target.numel() * target.element_size()
+        )
+        loaded = None if layout is None else read_into_tensor(self.bundle, relpath, layout, target)
+        if loaded is None:
+            with self._files.create_stream(relpath, "rb") as stream:
+                self._load_item(stream, request, planner, target)
+            return
+        if not in_place(loaded, target):  # stored in another dtype or layout: DCP's own narrowing and copy
+            tensor = narrow_tensor_by_index(loaded.clone(), request.storage_offsets, request.lengths)
+            if target.size() != tensor.size():
+                raise AssertionError(f"req {request.storage_index} mismatch sizes {target.size()} vs {tensor.size()}")
+            target.copy_(tensor)
+        planner.commit_tensor(request, target)
 
     def _tensor(self, stream: io.IOBase, request: ReadItem, info: Any) -> torch.Tensor:
         """A tensor item: viewing the checked buffer when the file is in memory and the item is stored plain

@@ -187,6 +187,28 @@ class Bundle:
         self._check(relpath, entry, Digest.of_hasher(entry.digest.algorithm, hasher), got)
         return view[:got]
 
+    def read_in_order(self, relpath: str) -> InOrderRead:
+        """An uncompressed file read in consecutive pieces, each into memory the caller picks as it goes (a
+        reader places a tensor's bytes straight into the tensor that loads them), hashed in order; size and
+        digest are checked by its `finish()`, and nothing read may be trusted before that.
+
+        Raises:
+            FileNotFoundError: `relpath` is not in the manifest.
+            ValueError: the file is stored compressed.
+        """
+        entry = self._entry(relpath)
+        if entry.compression is not None:
+            raise ValueError(
+                f"{relpath} of step {self.step} is stored {entry.compression}: read_in_order takes uncompressed files"
+            )
+        return InOrderRead(self, relpath, entry)
+
+    def read_unchecked(self, relpath: str, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the stored file, NOT checked against the manifest: only to find where things
+        lie in a file before it is read checked (a zip archive's directory); never to parse as data."""
+        self._entry(relpath)
+        return bytes(self._stored(relpath, lambda path: self.backend.read_range(path, start, end)))
+
     def read_stored(
         self, relpath: str, sink: Callable[[memoryview], Any], progress: Callable[[int], None] | None = None
     ) -> None:
@@ -319,3 +341,33 @@ class Bundle:
     def _verify_file(self, relpath: str, tick: Callable[[int], None]) -> None:
         """Digest check of one file; a compressed one is inflated (into nothing) alongside."""
         self._stream_logical(relpath, lambda _piece: None, tick)
+
+
+class InOrderRead:
+    """One file read front to back in pieces (`Bundle.read_in_order`): `into(view)` fills `view` with the
+    file's next bytes (fewer at its end), hashing them as they land; `finish()` checks that the pieces came
+    to the manifest's size and digest. Give the last piece one byte more than the file has left, so a longer
+    file is noticed."""
+
+    def __init__(self, bundle: Bundle, relpath: str, entry: FileEntry) -> None:
+        self._bundle = bundle
+        self._relpath = relpath
+        self._entry = entry
+        self._hasher = new_hasher(entry.digest.algorithm, entry.size)
+        self.position = 0
+
+    def into(self, view: memoryview) -> int:
+        """Read the next `len(view)` bytes (or what is left) into `view`; how many came."""
+        if not len(view):
+            return 0
+        backend, start = self._bundle.backend, self.position
+        got = int(
+            self._bundle._stored(self._relpath, lambda path: backend.read_into(path, view, start, self._hasher.update))
+        )
+        self.position += got
+        return got
+
+    def finish(self) -> None:
+        """CorruptBundleError unless the bytes read are the whole file as the manifest has it."""
+        digest = Digest.of_hasher(self._entry.digest.algorithm, self._hasher)
+        self._bundle._check(self._relpath, self._entry, digest, self.position)

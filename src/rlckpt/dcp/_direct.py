@@ -1,0 +1,230 @@
+"""A shard file that holds one large tensor, read straight into the tensor it loads into.
+
+DCP writes each tensor item as a `torch.save` archive: a zip whose one big record is the tensor's raw bytes,
+stored uncompressed between a few small records (the pickle before it, the directory after). A file holding
+a single such item is read here in three pieces, in order and hashed as they land: the small records before
+the tensor's bytes into a small buffer, the tensor's bytes into the caller's tensor itself, and the rest into
+another small buffer. No buffer of the file's size is held, whatever the tensor's size, and its bytes are
+copied once, from the store into place.
+
+Where the pieces lie comes from the archive's zip directory, read first and unchecked: it only decides where
+bytes go. Nothing is parsed as data before the whole file's digest checked out; then torch's weights-only
+loader reads the archive (the pickle from the small buffers) with the tensor's storage given as the caller's
+tensor, so the loaded tensor is the caller's memory, and it must come out as exactly that tensor (dtype,
+shape, strides, place), or it is copied there as DCP would copy it. A tensor's bytes reach the caller's tensor
+before the digest is checked: a file that fails the check fails the load, which then leaves its state as any
+failed DCP load does (partly loaded).
+
+Any file that does not fit this (no such archive, a tensor of another size, a caller's tensor that is not one
+contiguous block of host memory) is read the common way, into a reused buffer (reader.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import struct
+import zipfile
+from dataclasses import dataclass
+from typing import Any, BinaryIO, cast
+
+import torch
+from torch import _weights_only_unpickler  # torch.load's weights-only unpickler, as _format.load_tensor_view
+from torch.serialization import _load, _open_zipfile_reader  # private: torch.load's own steps
+
+from rlckpt.store import Bundle, FileEntry
+
+from ._format import ViewStream
+
+# A single-item file at least this large is read into its tensor: rlckpt's own shard files stay below it unless
+# one tensor is larger, and below it a file is one of the reused read buffers, fetched ahead of the loop.
+DIRECT_MIN = 16 << 20
+TAIL_PROBE = 64 << 10  # the end of a file read to find the zip directory (a tensor archive's is < 2 KiB)
+SMALL_MAX = 1 << 20  # what may lie around the tensor's bytes (pickle, small records, directory) to read this way
+
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature ... file name length, extra field length (30 bytes)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where one tensor archive's pieces lie in its file: the tensor record's local header at `header`, its
+    bytes at [data, data + nbytes) once the header's lengths are known, the file `size` bytes long."""
+
+    record: str  # the record's name inside the archive, e.g. "data/0"
+    header: int
+    nbytes: int
+    size: int
+
+
+def locate(bundle: Bundle, relpath: str, entry: FileEntry, nbytes: int) -> Layout | None:
+    """The layout of `relpath` if it is one tensor archive whose single storage record holds `nbytes` bytes,
+    stored, with small records around it; else None (read the common way). Reads the file's end unchecked."""
+    if entry.compression is not None or entry.size < nbytes:
+        return None
+    start = max(0, entry.size - TAIL_PROBE)
+    tail = bundle.read_unchecked(relpath, start, entry.size)
+    try:
+        with zipfile.ZipFile(cast(BinaryIO, _TailStream(tail, start, entry.size))) as archive:
+            infos = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error):
+        return None
+    storages = [i for i in infos if i.filename.partition("/")[2].startswith("data/")]
+    if len(storages) != 1:
+        return None
+    info = storages[0]
+    if info.compress_type != zipfile.ZIP_STORED or info.file_size != nbytes or info.compress_size != nbytes:
+        return None
+    if info.header_offset > SMALL_MAX or entry.size - nbytes > SMALL_MAX:
+        return None
+    return Layout(info.filename.partition("/")[2], info.header_offset, nbytes, entry.size)
+
+
+def host_bytes(tensor: torch.Tensor) -> memoryview | None:
+    """A writable byte view of `tensor`'s memory when it is one contiguous block of host memory, else None."""
+    if tensor.device.type != "cpu" or tensor.layout != torch.strided or not tensor.is_contiguous():
+        return None
+    if tensor.is_quantized or tensor.numel() == 0:
+        return None
+    if tensor.is_conj() or tensor.is_neg() or type(tensor) is not torch.Tensor:
+        return None
+    nbytes = tensor.numel() * tensor.element_size()
+    block = (ctypes.c_char * nbytes).from_address(tensor.data_ptr())
+    return memoryview(block).cast("B")
+
+
+def read_into_tensor(bundle: Bundle, relpath: str, layout: Layout, target: torch.Tensor) -> torch.Tensor | None:
+    """Read `relpath` with its tensor's bytes landing in `target` (the module doc), check the whole file, and
+    load it: the loaded tensor, viewing `target`'s memory. None, having read nothing into `target`, when the
+    record's local header is not where the directory said (the caller reads the file the common way).
+
+    Raises:
+        CorruptBundleError: the file differs from the manifest (then `target` holds what was read).
+    """
+    place = host_bytes(target)
+    if place is None or len(place) != layout.nbytes:
+        return None
+    read = bundle.read_in_order(relpath)
+    head = bytearray(layout.header + _LOCAL_HEADER.size)
+    if read.into(memoryview(head)) != len(head):
+        return None
+    signature, name_len, extra_len = _LOCAL_HEADER.unpack_from(head, layout.header)
+    if signature != b"PK\x03\x04":
+        return None
+    rest = bytearray(name_len + extra_len)
+    data_start = len(head) + len(rest)
+    if data_start + layout.nbytes > layout.size or read.into(memoryview(rest)) != len(rest):
+        return None
+    read.into(place)
+    after = bytearray(layout.size - data_start - layout.nbytes + 1)  # one byte more: a longer file is noticed
+    got = read.into(memoryview(after))
+    read.finish()  # from here on every byte read is the manifest's
+    scatter = _ScatterStream([memoryview(head), memoryview(rest), place, memoryview(after)[:got]])
+    with _open_zipfile_reader(cast(BinaryIO, scatter)) as archive:  # private torch.serialization helper
+        given = _TensorInPlace(archive, layout.record, torch.frombuffer(place, dtype=torch.uint8))
+        loaded = _load(given, "cpu", _weights_only_unpickler, encoding="utf-8")
+    return cast(torch.Tensor, loaded)
+
+
+def in_place(loaded: torch.Tensor, target: torch.Tensor) -> bool:
+    """Whether the loaded tensor is `target` itself (same memory, dtype, shape and strides): nothing to copy."""
+    return (
+        isinstance(loaded, torch.Tensor)
+        and loaded.dtype == target.dtype
+        and loaded.shape == target.shape
+        and loaded.stride() == target.stride()
+        and loaded.data_ptr() == target.data_ptr()
+    )
+
+
+class _TensorInPlace:
+    """torch's archive reader, but the tensor record's storage is the caller's tensor, already read there."""
+
+    def __init__(self, archive: Any, record: str, storage: torch.Tensor) -> None:
+        self._archive = archive
+        self._record = record
+        self._storage = storage
+
+    def get_storage_from_record(self, name: str, nbytes: int, kind: Any) -> torch.Tensor:
+        if name != self._record or nbytes != self._storage.numel():
+            raise ValueError(f"the archive's pickle names storage {name} of {nbytes} bytes, not its tensor record")
+        return self._storage
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._archive, name)
+
+
+class _TailStream(io.RawIOBase):
+    """The end of a file, from `start`, as a seekable stream of the whole file's length: enough for a zip
+    directory; a read before `start` raises (the directory is elsewhere: not a file read this way)."""
+
+    def __init__(self, tail: bytes, start: int, size: int) -> None:
+        super().__init__()
+        self._tail, self._start, self._size, self._pos = tail, start, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        if self._pos < self._start and len(out):
+            raise OSError("outside the file's end read so far")
+        at = self._pos - self._start
+        n = max(0, min(len(out), len(self._tail) - at))
+        out[:n] = self._tail[at : at + n]
+        self._pos += n
+        return n
+
+
+class _ScatterStream(ViewStream):
+    """A file read as consecutive pieces held in several places, as one seekable stream (torch's zip reader
+    reads the small records through it; the tensor record's storage is handed over, not read)."""
+
+    def __init__(self, pieces: list[memoryview]) -> None:
+        super().__init__(memoryview(b""))
+        self._pieces = pieces
+        self._ends: list[int] = []
+        total = 0
+        for piece in pieces:
+            total += len(piece)
+            self._ends.append(total)
+        self._size = total
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        done = 0
+        begin = 0
+        for piece, end in zip(self._pieces, self._ends, strict=True):
+            if self._pos >= end or done == len(out):
+                begin = end
+                continue
+            at = self._pos - begin
+            n = min(len(out) - done, len(piece) - at)
+            out[done : done + n] = piece[at : at + n]
+            done += n
+            self._pos += n
+            begin = end
+        return done
+
+    def read(self, size: int | None = -1) -> bytes:
+        want = self._size - self._pos if size is None or size < 0 else min(size, max(0, self._size - self._pos))
+        out = bytearray(max(0, want))
+        got = self.readinto(out)
+        return bytes(out[:got])
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self._pos = base + offset
+        return self._pos

@@ -1,0 +1,142 @@
+"""A shard file holding one large tensor is read straight into the tensor it loads into (rlckpt.dcp._direct):
+no buffer of its size, the same result as DCP's own load, and nothing of it trusted before its digest.
+DIRECT_MIN is lowered so that a few MiB stand for the hundreds of a real policy's tensors."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+from rlckpt.dcp import BundleStorageReader, BundleStorageWriter
+from rlckpt.dcp import reader as reader_module
+from rlckpt.errors import CorruptBundleError
+from rlckpt.store import BufferPool, BundleStore
+from rlckpt.testing.dcp_ranks import quiet_dcp_warnings
+from rlckpt.testing.dcp_scenarios import flip_bit
+
+quiet_dcp_warnings()
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+BIG = (768, 1024)  # 3 MiB of float32: one shard file of its own
+
+
+@pytest.fixture
+def pool(monkeypatch) -> BufferPool:
+    """A pool of read buffers of this test's own, with direct reads from 64 KiB up."""
+    pool = BufferPool()
+    monkeypatch.setattr(reader_module, "READ_BUFFERS", pool)
+    monkeypatch.setattr(reader_module, "DIRECT_MIN", 64 << 10)
+    return pool
+
+
+def saved(url: str, options: dict | None) -> dict[str, torch.Tensor]:
+    state = {"big": torch.randn(*BIG, generator=torch.Generator().manual_seed(0)), "bias": torch.arange(10.0)}
+    dcp.save(state, storage_writer=BundleStorageWriter(url, step=1, storage_options=options), no_dist=True)
+    return state
+
+
+def big_file(url: str, options: dict | None) -> str:
+    """The relpath of the shard file holding only `big`."""
+    bundle = BundleStore(url, options).open(1)
+    metadata = pickle.loads(bundle.read_bytes("policy/.metadata"))
+    (info,) = [info for index, info in metadata.storage_data.items() if index.fqn == "big"]
+    return f"policy/{info.relative_path}"
+
+
+def load(url: str, options: dict | None, into: dict[str, torch.Tensor]) -> None:
+    dcp.load(into, storage_reader=BundleStorageReader(url, step=1, storage_options=options), no_dist=True)
+
+
+def load_refused(url: str, options: dict | None) -> CorruptBundleError:
+    """The CorruptBundleError a load raised inside DCP's CheckpointException (DCP wraps every rank's failure)."""
+    with pytest.raises(dcp.CheckpointException) as excinfo:
+        load(url, options, {"big": torch.zeros(*BIG), "bias": torch.zeros(10)})
+    found = [err for err, _tb in excinfo.value.failures.values() if isinstance(err, CorruptBundleError)]
+    assert found, f"no CorruptBundleError among {excinfo.value.failures}"
+    return found[0]
+
+
+def test_a_single_tensor_file_loads_into_its_tensor_without_a_buffer_of_its_size(store_location, pool):
+    url, options = store_location
+    state = saved(url, options)
+    into = {"big": torch.zeros(*BIG), "bias": torch.zeros(10)}
+    place = into["big"].data_ptr()
+
+    load(url, options, into)
+
+    assert torch.equal(into["big"], state["big"]) and torch.equal(into["bias"], state["bias"])
+    assert into["big"].data_ptr() == place
+    assert pool.peak_lent <= 1 << 20  # the small item's file only; the 3 MiB file took no buffer
+    assert pool.lent_bytes == 0
+
+
+def test_a_flipped_byte_in_a_tensor_read_into_place_fails_the_load_naming_its_file(store_location, pool):
+    url, options = store_location
+    saved(url, options)
+    rel = big_file(url, options)
+    flip_bit(BundleStore(url, options), 1, rel, 2 << 20)  # inside the tensor's bytes
+
+    assert f"{rel} has blake3:" in str(load_refused(url, options))
+
+
+@pytest.mark.parametrize("from_end", [1, 20, 300], ids=["end-record", "directory", "small-records"])
+def test_a_flipped_byte_where_the_file_says_where_its_tensor_lies_still_fails_the_load(store_location, pool, from_end):
+    """The zip directory is read unchecked to place the pieces; a forged one misplaces them, and the digest
+    of the whole file still refuses it."""
+    url, options = store_location
+    saved(url, options)
+    rel = big_file(url, options)
+    store = BundleStore(url, options)
+    flip_bit(store, 1, rel, store.open(1).manifest.files[rel].size - from_end)
+
+    assert f"{rel} has blake3:" in str(load_refused(url, options))
+
+
+def test_a_tensor_of_another_dtype_of_the_same_size_loads_as_dcps_own_copy_converts_it(tmp_path, pool):
+    """The stored bytes land in an int32 tensor; the loaded float32 view of them is then copied into it with
+    DCP's conversion, as FileSystemReader would (its result, bit for bit)."""
+    url = str(tmp_path / "run")
+    saved(url, None)
+    ours = {"big": torch.zeros(*BIG, dtype=torch.int32), "bias": torch.zeros(10)}
+    dcps = {"big": torch.zeros(*BIG, dtype=torch.int32), "bias": torch.zeros(10)}
+
+    load(url, None, ours)
+    bundle_dir = BundleStore(url).open(1)
+    local = tmp_path / "plain"
+    bundle_dir.get_dir("policy", local)
+    dcp.load(dcps, storage_reader=dcp.FileSystemReader(str(local)), no_dist=True)
+
+    assert torch.equal(ours["big"], dcps["big"]) and ours["big"].abs().sum() > 0
+
+
+def test_a_tensor_that_is_not_one_block_of_memory_is_loaded_the_common_way(tmp_path, pool):
+    url = str(tmp_path / "run")
+    state = saved(url, None)
+    strided = torch.zeros(BIG[1], BIG[0]).t()  # the right shape, not contiguous
+    into = {"big": strided, "bias": torch.zeros(10)}
+
+    load(url, None, into)
+
+    assert torch.equal(into["big"], state["big"])
+    assert pool.peak_lent >= 3 << 20  # it was read into a buffer, then copied into place
+
+
+def test_a_file_is_placed_only_into_a_tensor_of_its_tensor_record_size(tmp_path):
+    """A rank loading a slice of a stored tensor (resharding) wants fewer bytes than the record holds: the file
+    is not laid out for it, and is read the common way (DCP narrows it)."""
+    from rlckpt.dcp._direct import locate
+
+    url = str(tmp_path / "run")
+    saved(url, None)
+    rel = big_file(url, None)
+    bundle = BundleStore(url).open(1)
+    entry = bundle.manifest.files[rel]
+    whole = BIG[0] * BIG[1] * 4
+
+    layout = locate(bundle, rel, entry, whole)
+
+    assert layout is not None and layout.nbytes == whole and layout.record == "data/0"
+    assert locate(bundle, rel, entry, whole // 2) is None
