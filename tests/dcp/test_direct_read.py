@@ -140,3 +140,18 @@ def test_a_file_is_placed_only_into_a_tensor_of_its_tensor_record_size(tmp_path)
 
     assert layout is not None and layout.nbytes == whole and layout.record == "data/0"
     assert locate(bundle, rel, entry, whole // 2) is None
+
+
+def test_a_forged_directory_naming_a_huge_central_directory_is_not_read_into_memory(tmp_path):
+    """The directory is read unchecked: one claiming a central directory as large as the file must not make
+    the reader allocate it; the file is then simply read the common way."""
+    import struct
+
+    from rlckpt.dcp._direct import _TailStream
+
+    size = 1 << 40  # a 1 TiB file, of which the last 22 bytes are an end record naming a 1 TiB - 22 directory
+    end_record = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, 0xFFFFFFFF, 0, 0)
+    stream = _TailStream(end_record, size - len(end_record), size)
+    stream.seek(0)
+    with pytest.raises(OSError):
+        stream.read(size - len(end_record))

@@ -175,15 +175,21 @@ class _TailStream(io.RawIOBase):
     def tell(self) -> int:
         return self._pos
 
-    def readinto(self, buffer: Any) -> int:
-        out = memoryview(buffer).cast("B")
-        if self._pos < self._start and len(out):
+    def read(self, size: int | None = -1) -> bytes:
+        """Refused before anything is allocated when it starts before the tail (a forged directory may name a
+        size up to the file's)."""
+        if self._pos < self._start:
             raise OSError("outside the file's end read so far")
         at = self._pos - self._start
-        n = max(0, min(len(out), len(self._tail) - at))
-        out[:n] = self._tail[at : at + n]
-        self._pos += n
-        return n
+        end = len(self._tail) if size is None or size < 0 else min(len(self._tail), at + size)
+        data = self._tail[at:end]
+        self._pos += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(memoryview(buffer)))
+        memoryview(buffer).cast("B")[: len(data)] = data
+        return len(data)
 
 
 class _ScatterStream(ViewStream):
