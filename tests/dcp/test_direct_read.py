@@ -1,6 +1,7 @@
-"""A shard file holding one large tensor is read straight into the tensor it loads into (rlckpt.dcp._direct):
-no buffer of its size, the same result as DCP's own load, and nothing of it trusted before its digest.
-DIRECT_MIN is lowered so that a few MiB stand for the hundreds of a real policy's tensors."""
+"""On local disk a shard file holding one large tensor is read straight into the tensor it loads into
+(rlckpt.dcp._direct): no buffer of its size, the same result as DCP's own load, and nothing of it trusted
+before its digest. On an object store it is read the common way. DIRECT_MIN is lowered so that a few MiB
+stand for the hundreds of MiB of a real policy's tensors."""
 
 from __future__ import annotations
 
@@ -59,8 +60,13 @@ def load_refused(url: str, options: dict | None) -> CorruptBundleError:
     return found[0]
 
 
-def test_a_single_tensor_file_loads_into_its_tensor_without_a_buffer_of_its_size(store_location, pool):
-    url, options = store_location
+@pytest.fixture
+def local_run(tmp_path) -> tuple[str, None]:
+    return str(tmp_path / "run"), None
+
+
+def test_a_single_tensor_file_loads_into_its_tensor_without_a_buffer_of_its_size(local_run, pool):
+    url, options = local_run
     state = saved(url, options)
     into = {"big": torch.zeros(*BIG), "bias": torch.zeros(10)}
     place = into["big"].data_ptr()
@@ -73,8 +79,8 @@ def test_a_single_tensor_file_loads_into_its_tensor_without_a_buffer_of_its_size
     assert pool.lent_bytes == 0
 
 
-def test_a_flipped_byte_in_a_tensor_read_into_place_fails_the_load_naming_its_file(store_location, pool):
-    url, options = store_location
+def test_a_flipped_byte_in_a_tensor_read_into_place_fails_the_load_naming_its_file(local_run, pool):
+    url, options = local_run
     saved(url, options)
     rel = big_file(url, options)
     flip_bit(BundleStore(url, options), 1, rel, 2 << 20)  # inside the tensor's bytes
@@ -83,16 +89,28 @@ def test_a_flipped_byte_in_a_tensor_read_into_place_fails_the_load_naming_its_fi
 
 
 @pytest.mark.parametrize("from_end", [1, 20, 300], ids=["end-record", "directory", "small-records"])
-def test_a_flipped_byte_where_the_file_says_where_its_tensor_lies_still_fails_the_load(store_location, pool, from_end):
+def test_a_flipped_byte_where_the_file_says_where_its_tensor_lies_still_fails_the_load(local_run, pool, from_end):
     """The zip directory is read unchecked to place the pieces; a forged one misplaces them, and the digest
     of the whole file still refuses it."""
-    url, options = store_location
+    url, options = local_run
     saved(url, options)
     rel = big_file(url, options)
     store = BundleStore(url, options)
     flip_bit(store, 1, rel, store.open(1).manifest.files[rel].size - from_end)
 
     assert f"{rel} has blake3:" in str(load_refused(url, options))
+
+
+def test_on_an_object_store_a_single_tensor_file_is_read_the_common_way(s3_run_url, s3_storage_options, pool):
+    """There each small read of the directory and the records around the tensor would be a request of its own:
+    the file is fetched whole into a reused buffer, as every file there."""
+    state = saved(s3_run_url, s3_storage_options)
+    into = {"big": torch.zeros(*BIG), "bias": torch.zeros(10)}
+
+    load(s3_run_url, s3_storage_options, into)
+
+    assert torch.equal(into["big"], state["big"])
+    assert pool.peak_lent >= 3 << 20
 
 
 def test_a_tensor_of_another_dtype_of_the_same_size_loads_as_dcps_own_copy_converts_it(tmp_path, pool):

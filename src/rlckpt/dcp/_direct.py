@@ -16,7 +16,8 @@ before the digest is checked: a file that fails the check fails the load, which 
 failed DCP load does (partly loaded).
 
 Any file that does not fit this (no such archive, a tensor of another size, a caller's tensor that is not one
-contiguous block of host memory) is read the common way, into a reused buffer (reader.py).
+contiguous block of host memory) is read the common way, into a reused buffer (reader.py), and so is every file
+on an object store, where each of the small reads above is a request of its own.
 """
 
 from __future__ import annotations

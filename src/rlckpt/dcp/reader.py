@@ -513,9 +513,13 @@ class BundleStorageReader(FileSystemReader):
 
     def _direct_candidate(self, relpath: str, requests: list[ReadItem]) -> bool:
         """A file to read straight into its tensor (_direct.py): one plain tensor item that is the whole file,
-        stored uncompressed, of at least DIRECT_MIN bytes."""
+        stored uncompressed, of at least DIRECT_MIN bytes, where small reads are cheap (local disk: on an object
+        store the directory and the small records would be four requests more per file, which on RGW cost
+        more than the copy they spare)."""
         entry = self.bundle.manifest.files.get(relpath)
-        if len(requests) != 1 or entry is None or entry.compression is not None or entry.size < DIRECT_MIN:
+        if not self.bundle.backend.small_reads_cheap or len(requests) != 1 or entry is None:
+            return False
+        if entry.compression is not None or entry.size < DIRECT_MIN:
             return False
         info = self.storage_data[requests[0].storage_index]
         return (

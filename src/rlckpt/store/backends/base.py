@@ -64,6 +64,8 @@ class Backend(abc.ABC):
     """One run location on one kind of storage."""
 
     local: ClassVar[bool] = False  # atomic directory rename (True) or marker-last in place (False)
+    # a read of a few bytes costs a system call, not a request: a reader may look at a file's end before the file
+    small_reads_cheap: ClassVar[bool] = False
 
     def __init__(self, fs: Any, root: str) -> None:
         self.fs = fs

@@ -44,6 +44,7 @@ class LocalBackend(Backend):
     """Local disk (any POSIX filesystem with atomic rename)."""
 
     local = True
+    small_reads_cheap = True
 
     def __init__(self, fs: Any, root: str) -> None:
         super().__init__(fs, root)
