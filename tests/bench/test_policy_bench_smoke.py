@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from rlckpt.bench.destinations import local_destination, s3_destination
 from rlckpt.bench.digest_speed import digest_table, measure_digests
 from rlckpt.bench.etag_proxy import nginx_conf
@@ -173,3 +175,56 @@ def test_a_peer_save_through_the_proxy_is_shown_but_not_compared_and_its_direct_
     row = policy_table([round_tripped]).splitlines()[2]
     assert "| 3.00 / (2.00) / 5.00 | - | " in row and "| 1.00 / 1.20 / 4.00 | 0.83× |" in row
     assert "saved through the ETag proxy" in proxied_note([round_tripped])
+
+
+def policy_cli(tmp_path, monkeypatch, sweep):
+    """`rlckpt bench policy --quick` on local disk with `sweep` in place of the measuring: what main returns."""
+    from rlckpt.bench import policy
+    from rlckpt.cli.main import main
+
+    monkeypatch.setattr(policy, "run_sweep", sweep)
+    return main(["bench", "policy", "--quick", "--destinations", "local", "--out", str(tmp_path / "p.json")])
+
+
+def test_a_sweep_that_measured_nothing_writes_its_table_and_no_plot(tmp_path, monkeypatch):
+    def every_spawn_fails(config, destinations, workdir, on_points=None, on_failure=None, **_):
+        for ranks in config.ranks:
+            on_failure(ranks, RuntimeError("rank 0 died"))
+        return []
+
+    assert policy_cli(tmp_path, monkeypatch, every_spawn_fails) == 0
+    assert "- 1 ranks: failed: rank 0 died" in (tmp_path / "p.md").read_text()
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_sigterm_ends_a_bench_run_through_what_it_started_and_exits_143(tmp_path, monkeypatch):
+    """SIGTERM unwinds the run like Ctrl-C: the servers and ranks it started are stopped on its way out (here
+    the destinations' context, which holds moto and the scratch dir), and SIGTERM's handler is restored."""
+    import contextlib
+    import os
+    import signal
+    import time
+
+    from rlckpt.bench import harness
+
+    before = signal.getsignal(signal.SIGTERM)
+    real, ended = harness.destinations, []
+
+    @contextlib.contextmanager
+    def recorded(*args, **kwargs):
+        with real(*args, **kwargs) as dests:
+            try:
+                yield dests
+            finally:
+                ended.append(True)
+
+    def terminated(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)  # the handler raises in this thread before the sleep ends
+        raise AssertionError("SIGTERM did not end the run")
+
+    monkeypatch.setattr(harness, "destinations", recorded)
+    with pytest.raises(SystemExit) as stopped:
+        policy_cli(tmp_path, monkeypatch, terminated)
+    assert stopped.value.code == 143 and ended == [True]
+    assert signal.getsignal(signal.SIGTERM) == before

@@ -21,7 +21,7 @@ EXIT_MISSING = 2
 EXIT_ERROR = 3
 EXIT_USAGE = 64  # sysexits EX_USAGE: argparse's usual 2 would collide with verify's "uncommitted"
 EXIT_INTERRUPTED = 130
-EXIT_TERMINATED = 143  # 128 + SIGTERM: `rlckpt train` stopped by SIGTERM without its final save
+EXIT_TERMINATED = 143  # 128 + SIGTERM: `rlckpt train` stopped without its final save, or a bench run stopped
 
 # Where a key flag left unset is taken from (an empty value counts as unset).
 VERIFY_KEY_ENV = "RLCKPT_VERIFY_KEY"

@@ -4,8 +4,11 @@ benchmarks (code in rlckpt.bench)."""
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -206,7 +209,7 @@ def _add_barrier(sub: Any) -> None:
         help="measure nothing: redraw the table and plot from an earlier barrier_stall.json into --out-dir",
     )
     _common_bench_args(p)
-    p.set_defaults(func=run_barrier)
+    p.set_defaults(func=_ends_on_sigterm(run_barrier))
 
 
 def _add_save(sub: Any) -> None:
@@ -238,7 +241,7 @@ def _add_save(sub: Any) -> None:
     )
     p.add_argument("--quick", action="store_true", help="tiny run for a smoke test: 2 MiB, 1 repeat, no first-step run")
     _common_bench_args(p)
-    p.set_defaults(func=run_save)
+    p.set_defaults(func=_ends_on_sigterm(run_save))
 
 
 def _add_policy(sub: Any) -> None:
@@ -314,7 +317,7 @@ def _add_policy(sub: Any) -> None:
         help="measure nothing: redraw the table and plot from an earlier results JSON",
     )
     _common.add_verbose_argument(p)
-    p.set_defaults(func=run_policy)
+    p.set_defaults(func=_ends_on_sigterm(run_policy))
 
 
 def _add_store(sub: Any) -> None:
@@ -359,7 +362,7 @@ def _add_store(sub: Any) -> None:
         help=f"where results are written (default {DEFAULT_OUT_DIR})",
     )
     _common.add_verbose_argument(p)
-    p.set_defaults(func=run_store)
+    p.set_defaults(func=_ends_on_sigterm(run_store))
 
 
 def _counts_csv(text: str) -> list[int]:
@@ -421,6 +424,24 @@ def _check_destinations(args: argparse.Namespace) -> None:
         raise SystemExit(
             f"rlckpt bench: unknown destinations {sorted(unknown)} (use local, s3; RGW via --rgw-endpoint)"
         )
+
+
+def _ends_on_sigterm(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A bench run that SIGTERM ends as Ctrl-C does: SystemExit(143) unwinds it, so the servers, clusters and
+    ranks it started (moto, the ETag proxy, Ray, spawned ranks) are stopped on its way out, not left behind."""
+
+    @functools.wraps(run)
+    def ending(args: argparse.Namespace) -> int:
+        def stop(signum: int, frame: Any) -> None:
+            raise SystemExit(_common.EXIT_TERMINATED)
+
+        previous = signal.signal(signal.SIGTERM, stop)
+        try:
+            return run(args)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    return ending
 
 
 def run_barrier(args: argparse.Namespace) -> int:

@@ -51,7 +51,8 @@ store configuration (empty or malformed URL, unknown protocol, endpoint not an h
 storage option), a key file that cannot be used (missing, a private key others may read, not an
 Ed25519 key) or a Ray cluster that cannot hold the run (too many --trainer-ranks, a
 --trainer-resources resource no node offers), 130 interrupted, 143 `rlckpt train` stopped by SIGTERM
-without its final save. With --verify-key an unsigned or badly signed bundle counts as corrupt.
+without its final save, or a bench run stopped by SIGTERM. With --verify-key an unsigned or badly
+signed bundle counts as corrupt.
 Run `rlckpt COMMAND --help` for the options of one command.
 """
 
