@@ -57,6 +57,16 @@ def read_every_way(bundle, rel, tmp_path):
     return {bundle.read_bytes(rel), streamed, out.read_bytes()}
 
 
+def in_pieces(bundle, rel):
+    """The file read with `read_in_order` in three uneven pieces (the last one byte too long), checked."""
+    size = bundle.manifest.files[rel].size
+    read = bundle.read_in_order(rel)
+    got = []
+    for piece in (bytearray(size // 3), bytearray(1), bytearray(size - size // 3)):  # the file, and one byte more
+        got.append(bytes(piece[: read.into(memoryview(piece))]))
+    return got, read
+
+
 # --- what is written --------------------------------------------------------------------------------------
 
 
@@ -88,6 +98,26 @@ def test_a_format_2_bundle_reads_back_the_bytes_written_through_every_reader(sto
     assert bundle.verify().format == 2
     for rel, data in sample_payload(2).items():
         assert read_every_way(bundle, rel, tmp_path) == {data}, rel
+
+
+def test_a_file_read_in_order_is_its_bytes_across_pieces_and_checks_out_when_finished(store):
+    bundle = store.open(2)
+    pieces, read = in_pieces(bundle, PLAIN)
+    read.finish()
+    assert b"".join(pieces) == sample_payload(2)[PLAIN] and len(pieces[1]) == 1
+
+
+@pytest.mark.parametrize("how", ["truncate", "append"])
+def test_a_file_read_in_order_of_another_size_is_refused_when_finished(store, how):
+    bundle = store.open(2)  # the listing checked out; the file changes afterwards
+    if how == "append":
+        path = stored_path(store, 2, PLAIN)
+        store.fs.pipe_file(path, store.fs.cat_file(path) + b"!")
+    else:
+        corrupt_file(store, 2, PLAIN, how)
+    _pieces, read = in_pieces(bundle, PLAIN)
+    with pytest.raises(CorruptBundleError, match=f"{PLAIN} has [0-9]+ bytes, the manifest says"):
+        read.finish()
 
 
 # --- format 1 (sha256) ------------------------------------------------------------------------------------
@@ -125,6 +155,7 @@ def test_a_flipped_byte_is_caught_under_blake3_by_every_reader(store, rel, tmp_p
     }
     if rel == PLAIN:
         readers["read_into"] = lambda: bundle.read_into(rel, bytearray(1 << 20))
+        readers["read_in_order"] = lambda: in_pieces(bundle, rel)[1].finish()
     for name, read in readers.items():
         with pytest.raises(CorruptBundleError, match=f"{rel} has blake3:[0-9a-f]{{64}}, the manifest says blake3:"):
             read()

@@ -1,7 +1,10 @@
 """Bundle: read access to one committed, checked step. Every read checks the stored bytes' size and digest
 (under the algorithm the manifest names for the file) before any byte reaches the caller (callers
 unpickle what they get), and inflates zstd entries only to the manifest's logical size. Bytes are
-hashed as they arrive, in one pass: no read goes over a file's bytes a second time to hash them."""
+hashed as they arrive, in one pass: no read goes over a file's bytes a second time to hash them.
+Three reads hand bytes over before the check, each saying so: `read_stored` and `read_in_order` (checked
+once the last piece has passed: what came before is the caller's to throw away on an error), and
+`read_unchecked` (never checked: to find where things lie in a file, not to parse as data)."""
 
 from __future__ import annotations
 
