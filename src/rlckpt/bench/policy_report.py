@@ -156,6 +156,8 @@ def policy_plot(points: Sequence[PointResult], path: Path) -> Path:
             for system in systems:
                 color, marker = _STYLE[system]
                 for op, line in (("save", "-"), ("load", "--")):
+                    if not any(p.compared(system, op) for p in series):
+                        continue  # e.g. the connector's saves through the proxy, on the direct destination
                     ax.plot(
                         ranks,
                         [p.mib_per_s(system, op) if p.compared(system, op) else float("nan") for p in series],
