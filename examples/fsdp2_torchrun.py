@@ -17,6 +17,7 @@ CPU only (gloo), a model built in code (random init, no download), a synthetic n
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import logging
@@ -135,6 +136,22 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     torch.set_num_threads(1)  # bit-exact on CPU needs the same thread count every run; 2 ranks share 2 cores
     dist.init_process_group("gloo")  # torchrun's environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+    try:
+        summary = train(args)
+    finally:
+        dist.destroy_process_group()
+        # Free what still holds a process group (FSDP's modules keep theirs in reference cycles) now, while the
+        # interpreter is alive: a gloo group first freed at its exit aborts the process now and then, its worker
+        # thread dropping a tensor after Python has stopped ("terminate called without an active exception",
+        # pytorch/pytorch#190489).
+        gc.collect()
+    if summary is not None:
+        print(json.dumps(summary, sort_keys=True) if args.json else f"done: {summary}", flush=True)
+    return 0
+
+
+def train(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Train to `args.steps` from the newest bundle, saving as asked; rank 0's summary (None on the others)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
 
@@ -190,20 +207,19 @@ def main(argv: list[str] | None = None) -> int:
             break
 
     ckpt.close()
+    stop.uninstall()
     digest = weights_digest(model)
-    if rank == 0:
-        summary = {
-            "step": step,
-            "weights_sha256": digest,
-            "restored_from": restored.step if restored else None,
-            "stop_reason": stop.reason or "completed",
-            "last_committed_step": ckpt.committed_step,
-            "world_size": world,
-            "replicated": ckpt.replicated,
-        }
-        print(json.dumps(summary, sort_keys=True) if args.json else f"done: {summary}", flush=True)
-    dist.destroy_process_group()
-    return 0
+    if rank != 0:
+        return None
+    return {
+        "step": step,
+        "weights_sha256": digest,
+        "restored_from": restored.step if restored else None,
+        "stop_reason": stop.reason or "completed",
+        "last_committed_step": ckpt.committed_step,
+        "world_size": world,
+        "replicated": ckpt.replicated,
+    }
 
 
 if __name__ == "__main__":

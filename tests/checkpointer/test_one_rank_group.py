@@ -45,3 +45,20 @@ def test_a_stop_is_agreed_through_the_control_group(one_rank_group, tmp_path):
         assert not stop.should_stop()
         stop.request()
         assert stop.should_stop() and stop.reason == "requested"
+
+
+def test_closing_the_checkpointer_destroys_its_two_groups_and_an_exchange_after_it_is_refused(one_rank_group, tmp_path):
+    """Its groups end with it, not at the interpreter's exit (where a gloo group's worker thread aborted the
+    process now and then); the default group never stands in for them afterwards."""
+    from rlckpt.errors import RankGroupError
+
+    ckpt = Checkpointer(str(tmp_path / "run"))
+    groups = [ckpt.ranks.save_group, ckpt.ranks.control_group]
+    ranks = ckpt.ranks
+    ckpt.close()
+
+    for group in groups:
+        with pytest.raises(KeyError):  # torch no longer knows the group
+            dist.get_process_group_ranks(group)
+    with pytest.raises(RankGroupError, match="the Checkpointer's groups are closed"):
+        ranks.broadcast({"x": 1}, ranks.save_group, "a late exchange")

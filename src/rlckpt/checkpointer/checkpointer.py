@@ -322,6 +322,7 @@ class Checkpointer:
             if self._replication is not None:
                 self._replication.close()
             self._saver.close()
+            self.ranks.close()
 
     def __enter__(self) -> Checkpointer:
         return self

@@ -69,6 +69,20 @@ class RankGroup:
             raise RankGroupError(f"rank {rank}: making the Checkpointer's gloo groups failed: {exc}") from exc
         return cls(rank, world_size, save_group=save_group, control_group=control_group, timeout_s=timeout_s)
 
+    def close(self) -> None:
+        """Destroy the two groups `of_job` made, here rather than at the interpreter's exit: a gloo group still
+        alive then aborted a rank now and then as its process ended ("terminate called without an active
+        exception"). An exchange after it raises RankGroupError. Idempotent."""
+        groups = [g for g in (self.save_group, self.control_group) if g is not None]
+        self.save_group = self.control_group = None
+        if groups and dist.is_available() and dist.is_initialized():
+            for group in groups:
+                dist.destroy_process_group(group)
+
+    def _check_open(self, group: Any, what: str) -> None:
+        if group is None:  # closed: the default group must not stand in for the Checkpointer's own
+            raise RankGroupError(f"rank {self.rank}: {what}: the Checkpointer's groups are closed")
+
     @classmethod
     def alone(cls) -> RankGroup:
         """One process, no collectives (a SaveAndStop without a Checkpointer)."""
@@ -86,6 +100,7 @@ class RankGroup:
         """
         if not self.distributed:
             return [json.loads(json.dumps(value))]
+        self._check_open(group, what)
         data = json.dumps(value).encode()
         try:
             size = torch.tensor([len(data)], dtype=torch.int64)
@@ -108,6 +123,7 @@ class RankGroup:
         """
         if not self.distributed:
             return json.loads(json.dumps(value))
+        self._check_open(group, what)
         data = json.dumps(value).encode() if self.is_coordinator else b""
         try:
             size = torch.tensor([len(data)], dtype=torch.int64)
