@@ -302,8 +302,8 @@ class Checkpointer:
 
     def close(self, timeout: float | None = None) -> None:
         """Wait for the save in flight (`wait(timeout)`) and its retention, then for the remote tier's
-        replication within what is left of `timeout`, and stop the background threads. Call it on every rank
-        before the process group is destroyed. Idempotent.
+        replication within what is left of `timeout`, stop the background threads and destroy the two gloo
+        groups (`RankGroup.close`). Call it on every rank before the process group is destroyed. Idempotent.
 
         Raises:
             what `wait` raises (the save in flight's failure or timeout); the threads are stopped anyway.
