@@ -84,11 +84,18 @@ def test_a_job_wide_sigterm_does_not_stop_the_reaper_before_its_driver(driver):
     _wait_until(lambda: cluster_processes(temp_dir) == [])
 
 
+def _running(proc: subprocess.Popen, arg: str) -> bool:
+    """Whether `proc` has exec'd its command (until then /proc shows the forking parent's command line)."""
+    return arg.encode() in Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
+
+
 def test_a_process_naming_a_longer_dir_is_not_of_the_cluster(tmp_path):
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", f"{tmp_path}/rayx/session"])
+    theirs, ours = f"{tmp_path}/rayx/session", f"{tmp_path}/ray/session"
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", theirs])
     try:
-        mine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", f"{tmp_path}/ray/session"])
+        mine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", ours])
         try:
+            _wait_until(lambda: _running(other, theirs) and _running(mine, ours))
             assert cluster_processes(f"{tmp_path}/ray") == [mine.pid]
         finally:
             mine.kill()
