@@ -176,18 +176,13 @@ class Bundle:
                 smaller than it.
             CorruptBundleError: the stored bytes differ from the manifest.
         """
-        entry = self._entry(relpath)
-        if entry.compression is not None:
-            raise ValueError(
-                f"{relpath} of step {self.step} is stored {entry.compression}: read_into takes uncompressed files"
-            )
+        entry = self._uncompressed(relpath, "read_into")
         view = memoryview(buffer).cast("B")
         if len(view) < entry.size:
             raise ValueError(f"a buffer of {len(view)} bytes cannot hold {relpath} ({entry.size} bytes)")
-        hasher = new_hasher(entry.digest.algorithm, entry.size)
-        target = view[: entry.size + 1]
-        got = self._stored(relpath, lambda path: self.backend.read_into(path, target, 0, hasher.update))
-        self._check(relpath, entry, Digest.of_hasher(entry.digest.algorithm, hasher), got)
+        read = InOrderRead(self, relpath, entry)
+        got = read.into(view[: entry.size + 1])
+        read.finish()
         return view[:got]
 
     def read_in_order(self, relpath: str) -> InOrderRead:
@@ -199,12 +194,16 @@ class Bundle:
             FileNotFoundError: `relpath` is not in the manifest.
             ValueError: the file is stored compressed.
         """
+        return InOrderRead(self, relpath, self._uncompressed(relpath, "read_in_order"))
+
+    def _uncompressed(self, relpath: str, reader: str) -> FileEntry:
+        """The manifest entry of `relpath`, which `reader` reads as stored: ValueError when it is compressed."""
         entry = self._entry(relpath)
         if entry.compression is not None:
             raise ValueError(
-                f"{relpath} of step {self.step} is stored {entry.compression}: read_in_order takes uncompressed files"
+                f"{relpath} of step {self.step} is stored {entry.compression}: {reader} takes uncompressed files"
             )
-        return InOrderRead(self, relpath, entry)
+        return entry
 
     def read_unchecked(self, relpath: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of the stored file, NOT checked against the manifest: only to find where things
