@@ -57,6 +57,17 @@ class Layout:
     size: int
 
 
+def load_into(bundle: Bundle, relpath: str, entry: FileEntry, target: torch.Tensor) -> torch.Tensor | None:
+    """`relpath` read into `target` and loaded (`read_into_tensor`), or None, with nothing read into `target`,
+    when the tensor or the file does not fit that. The tensor is asked first: one that cannot take the bytes
+    costs no look at the file."""
+    place = host_bytes(target)
+    if place is None:
+        return None
+    layout = locate(bundle, relpath, entry, len(place))
+    return None if layout is None else read_into_tensor(bundle, relpath, layout, place)
+
+
 def locate(bundle: Bundle, relpath: str, entry: FileEntry, nbytes: int) -> Layout | None:
     """The layout of `relpath` if it is one tensor archive whose single storage record holds `nbytes` bytes,
     stored, with small records around it; else None (read the common way). Reads the file's end unchecked."""
@@ -93,17 +104,15 @@ def host_bytes(tensor: torch.Tensor) -> memoryview | None:
     return memoryview(block).cast("B")
 
 
-def read_into_tensor(bundle: Bundle, relpath: str, layout: Layout, target: torch.Tensor) -> torch.Tensor | None:
-    """Read `relpath` with its tensor's bytes landing in `target` (the module doc), check the whole file, and
-    load it: the loaded tensor, viewing `target`'s memory. None, having read nothing into `target`, when the
-    record's local header is not where the directory said (the caller reads the file the common way).
+def read_into_tensor(bundle: Bundle, relpath: str, layout: Layout, place: memoryview) -> torch.Tensor | None:
+    """Read `relpath` with its tensor's bytes landing in `place` (the caller's tensor's `host_bytes`, which
+    `locate` was given the size of; the module doc), check the whole file, and load it: the loaded tensor,
+    viewing `place`. None, having read nothing into `place`, when the record's local header is not where the
+    directory said (the caller reads the file the common way).
 
     Raises:
-        CorruptBundleError: the file differs from the manifest (then `target` holds what was read).
+        CorruptBundleError: the file differs from the manifest (then `place` holds what was read).
     """
-    place = host_bytes(target)
-    if place is None or len(place) != layout.nbytes:
-        return None
     read = bundle.read_in_order(relpath)
     head = bytearray(layout.header + _LOCAL_HEADER.size)
     if read.into(memoryview(head)) != len(head):

@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from rlckpt.errors import CorruptBundleError, RlckptError, ShardedCheckpointError, UncommittedBundleError
 from rlckpt.store import READ_BUFFERS, Bundle, BundleStore, FileEntry, VerifyKey, join_relpath, validate_relpath
 
-from ._direct import DIRECT_MIN, in_place, locate, read_into_tensor
+from ._direct import DIRECT_MIN, in_place, load_into
 from ._format import DEFAULT_PREFIX, METADATA_NAME, ViewStream, load_tensor_view
 from ._plan import BundleRef
 from ._safe_unpickle import VettedBytesPlanner, load_metadata
@@ -503,13 +503,18 @@ class BundleStorageReader(FileSystemReader):
             planner.load_bytes(request, data)
             return
         tensor = self._tensor(stream, request, info)
+        self._place(tensor, request, planner, planner.resolve_tensor(request).detach() if target is None else target)
+        # `tensor` may view the pooled buffer of `stream`: it ends here, before the stream gives the buffer back
+
+    @staticmethod
+    def _place(tensor: torch.Tensor, request: ReadItem, planner: LoadPlanner, target: torch.Tensor) -> None:
+        """A loaded tensor item into the planner's tensor as DCP puts it there: narrowed to the request, its size
+        checked, copied, committed."""
         tensor = narrow_tensor_by_index(tensor, request.storage_offsets, request.lengths)
-        target = planner.resolve_tensor(request).detach() if target is None else target
         if target.size() != tensor.size():
             raise AssertionError(f"req {request.storage_index} mismatch sizes {target.size()} vs {tensor.size()}")
         target.copy_(tensor)
         planner.commit_tensor(request, target)
-        # `tensor` may view the pooled buffer of `stream`: it ends here, before the stream gives the buffer back
 
     def _direct_candidate(self, relpath: str, requests: list[ReadItem]) -> bool:
         """A file to read straight into its tensor (_direct.py): one plain tensor item that is the whole file,
@@ -536,20 +541,14 @@ class BundleStorageReader(FileSystemReader):
         info = self.storage_data[request.storage_index]
         self._files.item = (relpath, self._items[id(info)], info)
         target = planner.resolve_tensor(request).detach()
-        layout = locate(
-            self.bundle, relpath, self.bundle.manifest.files[relpath], target.numel() * target.element_size()
-        )
-        loaded = None if layout is None else read_into_tensor(self.bundle, relpath, layout, target)
+        loaded = load_into(self.bundle, relpath, self.bundle.manifest.files[relpath], target)
         if loaded is None:
             with self._files.create_stream(relpath, "rb") as stream:
                 self._load_item(stream, request, planner, target)
-            return
-        if not in_place(loaded, target):  # stored in another dtype or layout: DCP's own narrowing and copy
-            tensor = narrow_tensor_by_index(loaded.clone(), request.storage_offsets, request.lengths)
-            if target.size() != tensor.size():
-                raise AssertionError(f"req {request.storage_index} mismatch sizes {target.size()} vs {tensor.size()}")
-            target.copy_(tensor)
-        planner.commit_tensor(request, target)
+        elif in_place(loaded, target):
+            planner.commit_tensor(request, target)
+        else:  # stored in another dtype or layout: DCP's own narrowing and copy, from a copy of what landed
+            self._place(loaded.clone(), request, planner, target)
 
     def _tensor(self, stream: io.IOBase, request: ReadItem, info: Any) -> torch.Tensor:
         """A tensor item: viewing the checked buffer when the file is in memory and the item is stored plain
