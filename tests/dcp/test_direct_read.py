@@ -165,11 +165,11 @@ def test_a_forged_directory_naming_a_huge_central_directory_is_not_read_into_mem
     the reader allocate it; the file is then simply read the common way."""
     import struct
 
-    from rlckpt.dcp._direct import _TailStream
+    from rlckpt.dcp._direct import _Pieces
 
     size = 1 << 40  # a 1 TiB file, of which the last 22 bytes are an end record naming a 1 TiB - 22 directory
     end_record = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, 0xFFFFFFFF, 0, 0)
-    stream = _TailStream(end_record, size - len(end_record), size)
+    stream = _Pieces(size, [(size - len(end_record), end_record)])
     stream.seek(0)
     with pytest.raises(OSError):
         stream.read(size - len(end_record))

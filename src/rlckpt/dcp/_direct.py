@@ -35,8 +35,6 @@ from torch.serialization import _load, _open_zipfile_reader  # private: torch.lo
 
 from rlckpt.store import Bundle, FileEntry
 
-from ._format import ViewStream
-
 # A single-item file at least this large is read into its tensor: rlckpt's own shard files stay below it unless
 # one tensor is larger, and below it a file is one of the reused read buffers, fetched ahead of the loop.
 DIRECT_MIN = 16 << 20
@@ -76,7 +74,7 @@ def locate(bundle: Bundle, relpath: str, entry: FileEntry, nbytes: int) -> Layou
     start = max(0, entry.size - TAIL_PROBE)
     tail = bundle.read_unchecked(relpath, start, entry.size)
     try:
-        with zipfile.ZipFile(cast(BinaryIO, _TailStream(tail, start, entry.size))) as archive:
+        with zipfile.ZipFile(cast(BinaryIO, _Pieces(entry.size, [(start, tail)]))) as archive:
             infos = archive.infolist()
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error):
         return None
@@ -122,14 +120,15 @@ def read_into_tensor(bundle: Bundle, relpath: str, layout: Layout, place: memory
         return None
     rest = bytearray(name_len + extra_len)
     data_start = len(head) + len(rest)
-    if data_start + layout.nbytes > layout.size or read.into(memoryview(rest)) != len(rest):
+    data_end = data_start + layout.nbytes
+    if data_end > layout.size or read.into(memoryview(rest)) != len(rest):
         return None
     read.into(place)
-    after = bytearray(layout.size - data_start - layout.nbytes + 1)  # one byte more: a longer file is noticed
+    after = bytearray(layout.size - data_end + 1)  # one byte more: a longer file is noticed
     got = read.into(memoryview(after))
-    read.finish()  # from here on every byte read is the manifest's
-    scatter = _ScatterStream([memoryview(head), memoryview(rest), place, memoryview(after)[:got]])
-    with _open_zipfile_reader(cast(BinaryIO, scatter)) as archive:  # private torch.serialization helper
+    read.finish()  # from here on every byte read is the manifest's (so data_end + got is the file's size)
+    pieces = [(0, head), (len(head), rest), (data_start, place), (data_end, memoryview(after)[:got])]
+    with _open_zipfile_reader(cast(BinaryIO, _Pieces(layout.size, pieces))) as archive:  # private torch helper
         given = _TensorInPlace(archive, layout.record, torch.frombuffer(place, dtype=torch.uint8))
         loaded = _load(given, "cpu", _weights_only_unpickler, encoding="utf-8")
     return cast(torch.Tensor, loaded)
@@ -163,13 +162,16 @@ class _TensorInPlace:
         return getattr(self._archive, name)
 
 
-class _TailStream(io.RawIOBase):
-    """The end of a file, from `start`, as a seekable stream of the whole file's length: enough for a zip
-    directory; a read before `start` raises (the directory is elsewhere: not a file read this way)."""
+class _Pieces(io.RawIOBase):
+    """A file of `size` bytes at hand only in pieces (each at its offset), as a seekable read-only stream: a read
+    is served from the pieces, across consecutive ones; one that starts where no piece is raises OSError before
+    anything is allocated (a forged zip directory may name a read as large as the file)."""
 
-    def __init__(self, tail: bytes, start: int, size: int) -> None:
+    def __init__(self, size: int, pieces: list[tuple[int, memoryview | bytes | bytearray]]) -> None:
         super().__init__()
-        self._tail, self._start, self._size, self._pos = tail, start, size, 0
+        self._size = size
+        self._pieces = [(at, memoryview(piece).cast("B")) for at, piece in pieces]
+        self._pos = 0
 
     def readable(self) -> bool:
         return True
@@ -179,68 +181,35 @@ class _TailStream(io.RawIOBase):
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
+        if base + offset < 0:
+            raise ValueError(f"negative seek position {base + offset}")
+        self._pos = base + offset
         return self._pos
 
     def tell(self) -> int:
         return self._pos
 
+    def _piece_at(self, pos: int) -> tuple[int, memoryview] | None:
+        return next(((at, view) for at, view in self._pieces if at <= pos < at + len(view)), None)
+
     def read(self, size: int | None = -1) -> bytes:
-        """Refused before anything is allocated when it starts before the tail (a forged directory may name a
-        size up to the file's)."""
-        if self._pos < self._start:
-            raise OSError("outside the file's end read so far")
-        at = self._pos - self._start
-        end = len(self._tail) if size is None or size < 0 else min(len(self._tail), at + size)
-        data = self._tail[at:end]
-        self._pos += len(data)
-        return data
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.read(len(memoryview(buffer)))
-        memoryview(buffer).cast("B")[: len(data)] = data
-        return len(data)
-
-
-class _ScatterStream(ViewStream):
-    """A file read as consecutive pieces held in several places, as one seekable stream (torch's zip reader
-    reads the small records through it; the tensor record's storage is handed over, not read)."""
-
-    def __init__(self, pieces: list[memoryview]) -> None:
-        super().__init__(memoryview(b""))
-        self._pieces = pieces
-        self._ends: list[int] = []
-        total = 0
-        for piece in pieces:
-            total += len(piece)
-            self._ends.append(total)
-        self._size = total
+        want = self._size - self._pos if size is None or size < 0 else size
+        chunks: list[bytes] = []
+        while want > 0 and self._pos < self._size:
+            found = self._piece_at(self._pos)
+            if found is None:
+                if not chunks:
+                    raise OSError(f"byte {self._pos} of the file is not at hand")
+                break
+            at, view = found
+            chunk = bytes(view[self._pos - at : self._pos - at + want])
+            chunks.append(chunk)
+            self._pos += len(chunk)
+            want -= len(chunk)
+        return b"".join(chunks)
 
     def readinto(self, buffer: Any) -> int:
         out = memoryview(buffer).cast("B")
-        done = 0
-        begin = 0
-        for piece, end in zip(self._pieces, self._ends, strict=True):
-            if self._pos >= end or done == len(out):
-                begin = end
-                continue
-            at = self._pos - begin
-            n = min(len(out) - done, len(piece) - at)
-            out[done : done + n] = piece[at : at + n]
-            done += n
-            self._pos += n
-            begin = end
-        return done
-
-    def read(self, size: int | None = -1) -> bytes:
-        want = self._size - self._pos if size is None or size < 0 else min(size, max(0, self._size - self._pos))
-        out = bytearray(max(0, want))
-        got = self.readinto(out)
-        return bytes(out[:got])
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        if base + offset < 0:
-            raise ValueError(f"negative seek position {base + offset}")
-        self._pos = base + offset
-        return self._pos
+        data = self.read(len(out))
+        out[: len(data)] = data
+        return len(data)
