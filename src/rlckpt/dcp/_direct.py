@@ -127,7 +127,12 @@ def read_into_tensor(bundle: Bundle, relpath: str, layout: Layout, place: memory
     after = bytearray(layout.size - data_end + 1)  # one byte more: a longer file is noticed
     got = read.into(memoryview(after))
     read.finish()  # from here on every byte read is the manifest's (so data_end + got is the file's size)
-    pieces = [(0, head), (len(head), rest), (data_start, place), (data_end, memoryview(after)[:got])]
+    pieces: list[tuple[int, memoryview | bytes | bytearray]] = [
+        (0, head),
+        (len(head), rest),
+        (data_start, place),
+        (data_end, memoryview(after)[:got]),
+    ]
     with _open_zipfile_reader(cast(BinaryIO, _Pieces(layout.size, pieces))) as archive:  # private torch helper
         given = _TensorInPlace(archive, layout.record, torch.frombuffer(place, dtype=torch.uint8))
         loaded = _load(given, "cpu", _weights_only_unpickler, encoding="utf-8")
