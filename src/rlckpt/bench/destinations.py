@@ -25,7 +25,7 @@ class Destination:
     storage_options: dict[str, Any] | None = None
     # where s3torchconnector saves instead, when the server refuses its saves (Ceph 16's RGW: no ETag on
     # CompleteMultipartUpload): the ETag proxy in front of the same server; it still loads from `storage_options`
-    peer_save_options: dict[str, Any] | None = None
+    s3tc_save_options: dict[str, Any] | None = None
     _counter: int = field(default=0, repr=False)
     _fs: Any = field(default=None, repr=False)
 

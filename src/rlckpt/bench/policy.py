@@ -604,7 +604,7 @@ def run_sweep(
                     d.run_url(f"peers-{ranks}r"),
                     d.storage_options,
                     reasons,
-                    d.peer_save_options,
+                    d.s3tc_save_options,
                 )
             )
         job = RankJob(

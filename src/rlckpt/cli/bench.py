@@ -734,7 +734,7 @@ def run_policy(args: argparse.Namespace) -> int:
                 proxied = stack.enter_context(etag_proxy(args.rgw_endpoint.rstrip("/")))
                 via_proxy = s3_destination("s3-rgw-etag-proxy", proxied, args.rgw_key, args.rgw_secret)
                 for direct in (d for d in chosen if d.name == "s3-rgw"):  # the connector saves there, loads direct
-                    direct.peer_save_options = via_proxy.storage_options
+                    direct.s3tc_save_options = via_proxy.storage_options
                 chosen.append(via_proxy)
             print(
                 f"rlckpt bench policy: {', '.join(d.name for d in chosen)} x {config.ranks} ranks "
