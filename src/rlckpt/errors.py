@@ -268,8 +268,9 @@ class RankGroupError(CheckpointerError):
 
 class ExtraPieceError(CheckpointerError, ValueError):
     """An extra piece of a Checkpointer save cannot be saved as a file no reader refuses: a name that is not
-    1-64 of [A-Za-z0-9_-], or a value that is neither plain JSON data nor tensors in plain containers (a
-    custom object would need pickle). Names the piece, the path inside it and the type. Nothing is saved."""
+    1-64 of [A-Za-z0-9_-], a value that is neither plain JSON data nor tensors in plain containers (a custom
+    object would need pickle), or one nested deeper than a restore reads. Names the piece, the path inside
+    it and the type. Also the save's metrics or metadata that a restore would not read. Nothing is saved."""
 
 
 class TrainerGroupError(CheckpointError):

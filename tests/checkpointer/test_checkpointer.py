@@ -57,6 +57,13 @@ def _saved(run, steps=(2, 4), **settings) -> dict[int, dict[str, torch.Tensor]]:
     return saved
 
 
+def _nested(levels: int) -> dict:
+    deep: dict = {}
+    for _ in range(levels - 1):
+        deep = {"a": deep}
+    return deep
+
+
 def _store(run) -> BundleStore:
     url, options = run
     return BundleStore(url, options)
@@ -311,6 +318,24 @@ def test_metrics_a_restore_would_not_read_are_refused_before_anything_is_written
     with _checkpointer(run) as ckpt, pytest.raises(CheckpointerError, match="metrics"):
         ckpt.save(2, Trainer().state(), metrics={"loss": "low"})
     assert debris(_store(run)) == []
+
+
+@pytest.mark.parametrize(
+    ("metadata", "reason"),
+    [
+        ({"seen": object()}, "not JSON serializable"),
+        ({"loss": float("nan")}, "Out of range float"),
+        (_nested(5000), "nested deeper than 63 levels"),
+    ],
+    ids=["not-json", "nan", "5000-deep"],
+)
+def test_metadata_a_restore_would_not_read_is_refused_before_anything_is_written(tmp_path, metadata, reason):
+    run = (str(tmp_path / "run"), None)
+    with _checkpointer(run) as ckpt, pytest.raises(CheckpointerError, match="before anything was written") as caught:
+        ckpt.save(2, Trainer().state(), metadata=metadata)
+    assert isinstance(caught.value.__cause__, ExtraPieceError)
+    assert reason in str(caught.value)
+    assert _store(run).steps() == [] and debris(_store(run)) == []
 
 
 def test_a_closed_checkpointer_refuses_calls(tmp_path):

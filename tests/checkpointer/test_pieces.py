@@ -120,3 +120,12 @@ def test_a_piece_nested_deeper_than_a_restore_reads_is_refused_at_the_save():
     with pytest.raises(ExtraPieceError, match="piece 'p' is nested deeper than 64 levels"):
         encode_piece("p", deep)
     assert _round_trip(deep[0]) == ("json", deep[0])  # 64 levels: saved and read back
+
+
+@pytest.mark.parametrize("container", [list, tuple], ids=["json-piece", "pt-piece"])
+def test_a_piece_nested_past_the_recursion_limit_is_refused_with_its_reason(container):
+    deep = container()
+    for _ in range(5000):
+        deep = container([deep])
+    with pytest.raises(ExtraPieceError, match="piece 'p' is nested deeper than 64 levels"):
+        encode_piece("p", deep)

@@ -106,6 +106,15 @@ def test_snapshot_metadata_must_be_json(tmp_path):
         run(InMemoryDataPlane().save_checkpoint(tmp_path / "snap", {"bad": object()}))
 
 
+def test_snapshot_metadata_nested_past_the_recursion_limit_is_refused_with_its_reason(tmp_path):
+    deep: dict = {}
+    for _ in range(5000):
+        deep = {"a": deep}
+    with pytest.raises(DataPlaneError, match="nested deeper than 63 levels"):
+        run(InMemoryDataPlane().save_checkpoint(tmp_path / "snap", deep))
+    assert not (tmp_path / "snap").exists()
+
+
 def test_load_is_refused_after_a_data_operation_through_the_same_client(tmp_path):
     source = InMemoryDataPlane()
     run(source.put_samples(P, keys(1), rows(1)))

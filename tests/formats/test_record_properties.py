@@ -29,7 +29,7 @@ from rlckpt.dataplane.snapshot_metadata import read_snapshot_metadata
 from rlckpt.dataplane.snapshot_records import ROWS_HEADER, ROWS_MARKER, ROWS_SECTION, SNAPSHOT_METADATA
 from rlckpt.errors import CorruptBundleError, DataPlaneError, LoaderStateError, MalformedRecordError, ReplayStateError
 from rlckpt.formats import Record
-from rlckpt.formats.json_text import MAX_JSON_DEPTH, QUOTED_CHARS, json_depth
+from rlckpt.formats.json_text import MAX_JSON_DEPTH, QUOTED_CHARS, json_depth, nested_deeper_than
 from rlckpt.grpo import DigitSumTask, PromptLoader
 from rlckpt.replay import DataPlaneCheckpointBarrier, ReplayBuffer
 from rlckpt.replay.index_formats import check_index
@@ -371,3 +371,16 @@ def depth_of(value) -> int:
 def test_json_depth_is_the_nesting_of_the_value_whatever_its_strings_hold(value, ascii_only):
     text = json.dumps(value, ensure_ascii=ascii_only)
     assert json_depth(text) == json_depth(text.encode()) == depth_of(value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=JSON_TREES)
+def test_a_value_is_nested_deeper_than_a_limit_exactly_when_its_json_is(value):
+    depth = json_depth(json.dumps(value))
+    assert [nested_deeper_than(value, limit) for limit in range(depth + 2)] == [True] * depth + [False, False]
+
+
+def test_a_value_that_holds_itself_is_too_deep_not_a_hang():
+    loop: list = []
+    loop.append(loop)
+    assert nested_deeper_than(loop, MAX_JSON_DEPTH)

@@ -153,15 +153,28 @@ def test_a_manifest_over_the_readers_cap_for_its_metadata_is_refused_at_commit(s
     assert_nothing_published(store)
 
 
-def test_metadata_nested_deeper_than_readers_take_is_refused_at_commit(store):
+def _nested(levels: int) -> dict:
+    deep: dict = {}
+    for _ in range(levels - 1):
+        deep = {"a": deep}
+    return deep
+
+
+@pytest.mark.parametrize("levels", [64, 800, 5000], ids=["one-past-the-bound", "800", "past-the-recursion-limit"])
+def test_metadata_nested_deeper_than_readers_take_is_refused_at_commit(store, levels):
+    """Refused with its reason at every depth, never by RecursionError from a walk of the value (5,000 deep)."""
     txn = store.begin(2)
     txn.write_bytes("a.bin", b"a")
-    deep: dict = {}
-    for _ in range(800):
-        deep = {"a": deep}
-    with pytest.raises(UnreadableBundleError, match="manifest is nested deeper than 64 levels .*nothing committed"):
-        txn.commit({"notes": deep})
+    with pytest.raises(UnreadableBundleError, match="metadata is nested deeper than 63 levels .*nothing committed"):
+        txn.commit(_nested(levels))
     assert_nothing_published(store)
+
+
+def test_metadata_nested_as_deep_as_readers_take_commits_and_reads_back(store):
+    txn = store.begin(2)
+    txn.write_bytes("a.bin", b"a")
+    txn.commit(_nested(63))
+    assert store.open(2).manifest.metadata == _nested(63)
 
 
 def test_a_manifest_over_the_readers_cap_for_its_many_files_is_refused_at_commit(store):

@@ -28,7 +28,7 @@ from typing import Any, Literal
 import torch
 
 from rlckpt.errors import ExtraPieceError, UnsafeContentError
-from rlckpt.formats import MAX_JSON_DEPTH, json_depth, load_json
+from rlckpt.formats import MAX_JSON_DEPTH, load_json, nested_deeper_than
 from rlckpt.safeload import check_torch_bytes, load_torch_bytes, save_torch_bytes
 
 PieceKind = Literal["json", "pt"]
@@ -76,14 +76,13 @@ def encode_piece(name: str, value: Any, who: str = "extra") -> EncodedPiece:
     """
     if not isinstance(name, str) or re.fullmatch(NAME_PATTERN, name) is None:
         raise ExtraPieceError(f"{who}: piece name must be 1-64 of [A-Za-z0-9_-], got {name!r:.80}")
+    if nested_deeper_than(value, MAX_JSON_DEPTH):  # before any walk of it recurses (5,000 deep: RecursionError)
+        raise ExtraPieceError(
+            f"{who}: piece {name!r} is nested deeper than {MAX_JSON_DEPTH} levels of dicts, lists and tuples; no "
+            "reader would load it"
+        )
     if _exact_in_json(value):
-        data = json.dumps(value).encode()
-        if json_depth(data) > MAX_JSON_DEPTH:
-            raise ExtraPieceError(
-                f"{who}: piece {name!r} is nested deeper than {MAX_JSON_DEPTH} levels of dicts and lists; no reader "
-                "would load it"
-            )
-        return EncodedPiece(name, "json", data)
+        return EncodedPiece(name, "json", json.dumps(value).encode())
     problem = _not_savable(value, name)
     if problem is not None:
         raise ExtraPieceError(f"{who}: piece {problem}; save tensors, plain containers and plain values only")

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import rlckpt
-from rlckpt.errors import BundleFormatError, CorruptBundleError
+from rlckpt.errors import BundleFormatError, CorruptBundleError, ExtraPieceError, UnreadableBundleError
 from rlckpt.formats import Anything, Field, Int, ListOf, MapOf, Number, Record, Str
 from rlckpt.store import Bundle
+from rlckpt.store.manifest import check_metadata
 
 from .pieces import KINDS, NAME_PATTERN, piece_path
 
@@ -96,8 +97,12 @@ def metadata_of(
     metrics: Mapping[str, float] | None,
     user: Any,
 ) -> dict[str, Any]:
-    """The manifest metadata of a save, checked against today's declaration (CorruptBundleError when it would
-    not read: the save refuses to commit it)."""
+    """The manifest metadata of a save, checked as a restore will read it: against today's declaration, and
+    as the manifest will hold it (JSON, nested no deeper than readers take).
+
+    Raises:
+        ExtraPieceError: the metrics or the caller's metadata would not be read; the save refuses it.
+    """
     meta: dict[str, Any] = {
         FORMAT_KEY: CHECKPOINTER_BUNDLE_FORMAT,
         "world_size": world_size,
@@ -108,7 +113,11 @@ def metadata_of(
         meta["metrics"] = dict(metrics)
     if user is not None:
         meta["user"] = user
-    CHECKPOINTER_BUNDLE.check(meta, "the metadata about to be committed")
+    try:
+        CHECKPOINTER_BUNDLE.check(meta, "the metadata about to be committed")
+        check_metadata(meta)
+    except (CorruptBundleError, UnreadableBundleError, TypeError, ValueError) as exc:
+        raise ExtraPieceError(f"the save's metrics or metadata would not be read by a restore: {exc}") from None
     return meta
 
 

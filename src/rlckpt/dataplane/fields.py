@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from rlckpt.errors import DataPlaneError
+from rlckpt.formats import MAX_JSON_DEPTH, nested_deeper_than
 
 
 def check_keys(keys: Sequence[str], where: str) -> list[str]:
@@ -82,7 +83,12 @@ def densify(name: str, value: Any, where: str) -> torch.Tensor:
 
 
 def check_json_metadata(metadata: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """Metadata as a plain dict that survives a JSON round trip unchanged."""
+    """Metadata as a plain dict that survives a JSON round trip unchanged, nested no deeper than its reader
+    takes (the snapshot's record holds it one level down)."""
+    if nested_deeper_than(metadata, MAX_JSON_DEPTH - 1):  # checked first: json.dumps recurses per level
+        raise DataPlaneError(
+            f"{where}: snapshot metadata is nested deeper than {MAX_JSON_DEPTH - 1} levels of objects and arrays"
+        )
     try:
         text = json.dumps(dict(metadata), sort_keys=True)
     except (TypeError, ValueError) as exc:

@@ -22,6 +22,7 @@ MAX_JSON_DEPTH = 64
 # How many characters of an untrusted value an error quotes.
 QUOTED_CHARS = 80
 
+_CONTAINERS = (dict, list, tuple)
 _STRUCTURE = b'"[]{}'
 _NOT_STRUCTURE = bytes(b for b in range(256) if b not in _STRUCTURE)
 _LEVEL = [0] * 256
@@ -42,6 +43,23 @@ def json_depth(text: str | bytes) -> int:
     data = data.translate(None, _NOT_STRUCTURE).replace(b'""', b"")
     outside = b"".join(data.split(b'"')[::2])  # in valid JSON, every other piece is a string's inside
     return max(accumulate(map(_LEVEL.__getitem__, outside)), default=0)
+
+
+def nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether `value` holds dicts, lists and tuples nested more than `limit` levels (``{}`` is 1, as
+    ``json_depth`` counts): the check a writer makes before ``json.dumps`` or any recursive walk, which a
+    value 1,000 deep would crash with RecursionError. Iterative, and no deeper than `limit` + 1 (a value
+    that holds itself is too deep, not a hang)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if not isinstance(item, _CONTAINERS):
+            continue
+        if depth == limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, _CONTAINERS))
+    return False
 
 
 def load_json(text: str | bytes, what: str, max_depth: int = MAX_JSON_DEPTH, **options: Any) -> Any:

@@ -17,8 +17,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import rlckpt
-from rlckpt.errors import NewerFormatError
-from rlckpt.formats import MapKey, Record, Refusal, load_json, quoted, read_format, readable
+from rlckpt.errors import NewerFormatError, UnreadableBundleError
+from rlckpt.formats import (
+    MAX_JSON_DEPTH,
+    MapKey,
+    Record,
+    Refusal,
+    load_json,
+    nested_deeper_than,
+    quoted,
+    read_format,
+    readable,
+)
 
 from .digest import SHA256, Digest
 from .manifest_formats import (
@@ -35,6 +45,8 @@ from .paths import COMMIT_NAME, MANIFEST_NAME
 # Caps on what a reader will fetch of each metadata record: no object in a run can make it allocate more.
 COMMIT_MAX_BYTES = 64 << 10
 MANIFEST_MAX_BYTES = 32 << 20  # ~180k files with short paths (docs/store-protocol.md, "Records")
+# manifest.json holds the user's metadata one level down: the nesting a reader's bound leaves it.
+METADATA_MAX_DEPTH = MAX_JSON_DEPTH - 1
 
 _RUN_ID = re.compile(RUN_ID)
 _MAJOR_MINOR = re.compile(r"([0-9]+)\.([0-9]+)")
@@ -43,6 +55,22 @@ _MAJOR_MINOR = re.compile(r"([0-9]+)\.([0-9]+)")
 def canonical_json(obj: Any) -> bytes:
     """Deterministic JSON bytes: sorted keys, no whitespace, UTF-8, no NaN/Infinity."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def check_metadata(metadata: Any) -> None:
+    """Refuse `metadata` no manifest could hold, before anything walks it recursively.
+
+    Raises:
+        UnreadableBundleError: nested deeper than readers take (found without recursing: a value 5,000
+            deep is refused with its reason, not with RecursionError).
+        TypeError, ValueError: not JSON, or NaN or an infinity, as canonical_json refuses it.
+    """
+    if nested_deeper_than(metadata, METADATA_MAX_DEPTH):
+        raise UnreadableBundleError(
+            f"metadata is nested deeper than {METADATA_MAX_DEPTH} levels of objects and arrays (manifest.json, "
+            f"which holds it, may nest {MAX_JSON_DEPTH}): readers would refuse the bundle"
+        )
+    canonical_json(metadata)
 
 
 def parse_canonical(data: bytes, what: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from .claims import Claims
 from .commit_check import CommitRecords, Trust, check_records, listing_problem
 from .digest import Digest
 from .files import FileWriter
-from .manifest import CommitMarker, CommitSignature, FileEntry, Manifest, canonical_json
+from .manifest import CommitMarker, CommitSignature, FileEntry, Manifest, canonical_json, check_metadata
 from .participant import Receipt, TransactionHandle, checked_receipt
 from .path_set import PathSet
 from .paths import validate_relpath
@@ -110,7 +110,8 @@ class BundleTransaction(FileWriter):
                 may still write), a receipt of another transaction or malformed, a path written twice or a
                 file where another path needs a directory.
             UnreadableBundleError: readers would refuse the manifest (over its cap: too many files or
-                too much metadata).
+                too much metadata; metadata nested too deeply).
+            TypeError, ValueError: the metadata is not JSON (or holds NaN or an infinity).
             BundleExistsError: the claim was lost, or another writer committed the step.
             LostWriteError: a written file is missing, resized, or joined by a stranger.
         """
@@ -165,7 +166,10 @@ class BundleTransaction(FileWriter):
         receipts = [checked_receipt(r, where) for r in receipts]
         files = self._merge(own, receipts, participants, where)
         meta = dict(metadata or {})
-        canonical_json(meta)  # TypeError/ValueError: non-JSON metadata, before anything is published
+        try:
+            check_metadata(meta)  # TypeError/ValueError: non-JSON metadata, before anything is published
+        except UnreadableBundleError as exc:
+            raise UnreadableBundleError(f"{where}: {exc}; nothing committed") from None
         manifest = Manifest(
             step=self.step,
             txid=self.txid,
