@@ -15,6 +15,7 @@ import torch.distributed.checkpoint
 from rlckpt import Checkpointer
 from rlckpt.checkpointer import CheckpointerConfig
 from rlckpt.checkpointer.record import CHECKPOINTER_BUNDLE_FORMAT, FORMAT_KEY
+from rlckpt.checkpointer.saving import Saver
 from rlckpt.errors import (
     BundleExistsError,
     BundleFormatError,
@@ -276,6 +277,21 @@ def test_a_wait_that_times_out_abandons_the_save_and_commits_nothing(run):
             with pytest.raises(SaveTimeoutError, match="step 2 .* did not commit within 0.0s: aborted"):
                 ckpt.wait(timeout=0)
         ckpt.close()  # the abandoned save's thread has ended
+    assert _store(run).steps() == [] and debris(_store(run)) == []
+
+
+def test_a_wait_that_times_out_as_rank_0_decides_to_commit_aborts_the_save(run, caplog):
+    """The race `abandoned` settles: every rank has written and rank 0 is about to decide when the wait gives
+    up. The abort it makes is what the decision then finds: no COMMIT, and the reason said."""
+    trainer = Trainer()
+    with _checkpointer(run) as ckpt:
+        with PauseAt(Saver, "_commit_or_abort") as deciding:
+            ckpt.save(2, trainer.state())
+            deciding.wait_reached()
+            with pytest.raises(SaveTimeoutError, match="step 2 .* aborted before its COMMIT"):
+                ckpt.wait(timeout=0)
+        ckpt.close()  # the decision ran, and the save's thread has ended
+    assert "a wait for it timed out first (abandoned); nothing committed" in caplog.text
     assert _store(run).steps() == [] and debris(_store(run)) == []
 
 
