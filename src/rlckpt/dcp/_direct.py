@@ -23,7 +23,6 @@ on an object store, where each of the small reads above is a request of its own.
 from __future__ import annotations
 
 import ctypes
-import io
 import struct
 import zipfile
 from dataclasses import dataclass
@@ -34,6 +33,8 @@ from torch import _weights_only_unpickler  # torch.load's weights-only unpickler
 from torch.serialization import _load, _open_zipfile_reader  # private: torch.load's own steps
 
 from rlckpt.store import Bundle, FileEntry
+
+from ._format import SeekableStream
 
 # A single-item file at least this large is read into its tensor: rlckpt's own shard files stay below it unless
 # one tensor is larger, and below it a file is one of the reused read buffers, fetched ahead of the loop.
@@ -167,32 +168,14 @@ class _TensorInPlace:
         return getattr(self._archive, name)
 
 
-class _Pieces(io.RawIOBase):
+class _Pieces(SeekableStream):
     """A file of `size` bytes at hand only in pieces (each at its offset), as a seekable read-only stream: a read
     is served from the pieces, across consecutive ones; one that starts where no piece is raises OSError before
     anything is allocated (a forged zip directory may name a read as large as the file)."""
 
     def __init__(self, size: int, pieces: list[tuple[int, memoryview | bytes | bytearray]]) -> None:
-        super().__init__()
-        self._size = size
+        super().__init__(size)
         self._pieces = [(at, memoryview(piece).cast("B")) for at, piece in pieces]
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        if base + offset < 0:
-            raise ValueError(f"negative seek position {base + offset}")
-        self._pos = base + offset
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
 
     def _piece_at(self, pos: int) -> tuple[int, memoryview] | None:
         return next(((at, view) for at, view in self._pieces if at <= pos < at + len(view)), None)

@@ -256,13 +256,12 @@ def write_shards(
     return results
 
 
-class ViewStream(io.RawIOBase):
-    """A seekable read-only stream over a memoryview, for torch's zip reader (which reads the archive's
-    directory and small records through it) and for a shard file's checked bytes (reader.py)."""
+class SeekableStream(io.RawIOBase):
+    """A seekable read-only stream over `size` bytes: its position and seeks. A subclass serves the reads."""
 
-    def __init__(self, view: memoryview) -> None:
+    def __init__(self, size: int) -> None:
         super().__init__()
-        self._view = view
+        self._size = size
         self._pos = 0
 
     def readable(self) -> bool:
@@ -271,24 +270,8 @@ class ViewStream(io.RawIOBase):
     def seekable(self) -> bool:
         return True
 
-    def readinto(self, buffer: Any) -> int:
-        out = memoryview(buffer).cast("B")
-        n = max(0, min(len(out), len(self._view) - self._pos))
-        out[:n] = self._view[self._pos : self._pos + n]
-        self._pos += n
-        return n
-
-    def read(self, size: int | None = -1) -> bytes:
-        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
-        data = bytes(self._view[self._pos : max(self._pos, end)])
-        self._pos += len(data)
-        return data
-
-    def readall(self) -> bytes:
-        return self.read(-1)
-
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
         if base + offset < 0:
             raise ValueError(f"negative seek position {base + offset}")
         self._pos = base + offset
@@ -296,6 +279,31 @@ class ViewStream(io.RawIOBase):
 
     def tell(self) -> int:
         return self._pos
+
+
+class ViewStream(SeekableStream):
+    """A seekable read-only stream over a memoryview, for torch's zip reader (which reads the archive's
+    directory and small records through it) and for a shard file's checked bytes (reader.py)."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__(len(view))
+        self._view = view
+
+    def readinto(self, buffer: Any) -> int:
+        out = memoryview(buffer).cast("B")
+        n = max(0, min(len(out), self._size - self._pos))
+        out[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = self._size if size is None or size < 0 else min(self._size, self._pos + size)
+        data = bytes(self._view[self._pos : max(self._pos, end)])
+        self._pos += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
 
 
 def load_tensor_view(item: memoryview) -> torch.Tensor:
