@@ -40,7 +40,6 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
 from typing import Any, cast
 
 from rlckpt.bench.rows import MiB
@@ -57,10 +56,6 @@ LABELS = {
 }
 S3TC_REGION = "us-east-1"
 MEMORY_FLAT_MIB = 64.0  # local load: rlckpt's extra memory may grow by at most this much from the smallest size up
-# How long a rank's collective waits for its peers. A system that is slow on one rank (four connector clients on
-# one RGW, two cores) is measured, not lost with its whole spawn at the tests' 60 s; a rank that hangs is still
-# ended by the spawn's timeout, and one that dies is seen by the others at once.
-RANK_GROUP_TIMEOUT = timedelta(minutes=15)
 
 
 @dataclass(frozen=True)
@@ -428,7 +423,7 @@ def rank_main(rank: int, world_size: int, port: int, job: RankJob) -> None:
 
     quiet_dcp_warnings()
     points: list[dict[str, Any]] = []
-    with process_group(rank, world_size, port, timeout=RANK_GROUP_TIMEOUT) as mesh:
+    with process_group(rank, world_size, port) as mesh:
         for dest in job.destinations:
             points.extend(_measure_destination(rank, world_size, mesh, dest, job))
     if rank == 0:

@@ -93,14 +93,13 @@ def run_ranks(
 
 
 @contextlib.contextmanager
-def process_group(rank: int, world_size: int, port: int, timeout: timedelta = GROUP_TIMEOUT) -> Iterator[Any]:
-    """A gloo group over tcp://127.0.0.1:`port` (its collectives wait `timeout` for a peer) and a 1-D CPU
-    device mesh over it, destroyed on exit."""
+def process_group(rank: int, world_size: int, port: int) -> Iterator[Any]:
+    """A gloo group over tcp://127.0.0.1:`port` and a 1-D CPU device mesh over it, destroyed on exit."""
     from torch.distributed.device_mesh import init_device_mesh
 
     torch.set_num_threads(1)  # N ranks share 2 cores
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=timeout
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=GROUP_TIMEOUT
     )
     try:
         yield init_device_mesh("cpu", (world_size,))
