@@ -152,6 +152,24 @@ def test_a_peer_that_fails_at_one_point_is_not_measured_there_and_the_sweep_goes
     assert skipped_note([first, second]).count("not measured") == 1
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_removing_what_a_failed_save_never_wrote_still_meets_the_other_ranks(tmp_path, s3_endpoint, monkeypatch, rank):
+    """A peer's save that failed before writing leaves nothing to remove: rank 0's removal must not skip the
+    barrier every rank meets after it. It did once (s3fs refuses to remove a missing prefix), and rank 0 ran one
+    collective ahead: the 4-rank sweep on RGW stalled with rank 0 in the next save's gather and the others in
+    the barrier before it, or went on pairing the wrong collectives and reporting every load a MISMATCH."""
+    import torch.distributed as dist
+
+    from rlckpt.bench import policy
+
+    met: list[int] = []
+    monkeypatch.setattr(dist, "barrier", lambda *args, **kwargs: met.append(rank))
+    dest = s3_destination("s3-moto", s3_endpoint)
+    job = policy.DestinationJob(dest.name, dest.run_url("policy"), dest.run_url("peers"), dest.storage_options)
+    policy._Systems(job, 1).remove(FSSPEC, 7, rank)
+    assert met == [rank]
+
+
 def test_a_peer_save_through_the_proxy_is_shown_but_not_compared_and_its_direct_load_is():
     """On RGW reached directly the connector can only save through the ETag proxy: its save is not where
     rlckpt's ran, so no save target judges rlckpt against it and the table shows it in parentheses; its load

@@ -28,11 +28,11 @@ Systems:
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import gc
 import json
+import logging
 import math
 import os
 import shutil
@@ -43,6 +43,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
 from rlckpt.bench.rows import MiB
+
+logger = logging.getLogger(__name__)
 
 DEPTH = 8  # Linear layers; the width follows from the size asked for
 RLCKPT, DCP, FSSPEC, S3TC = "rlckpt", "dcp", "fsspec", "s3torchconnector"
@@ -368,16 +370,27 @@ class _Systems:
         dcp.load(state, storage_reader=self.reader(system, k))
 
     def remove(self, system: str, k: int, rank: int) -> None:
-        """Rank 0 drops a measured checkpoint (moto and RGW keep objects in RAM)."""
+        """Rank 0 drops a measured checkpoint (moto and RGW keep objects in RAM); then every rank meets at a
+        barrier, whatever the removal did. A rank that skipped it would run one collective ahead of the others
+        from there on: the next gather would hang, or the wrong collectives pair up."""
         import torch.distributed as dist
 
         if rank == 0:
-            where = self.where(system, k)
+            self._drop(self.where(system, k))
+        dist.barrier()
+
+    def _drop(self, where: str) -> None:
+        """Remove checkpoint `where`; nothing there (a save that failed before writing) is not an error, and a
+        removal that fails is logged: it costs the server's memory, not the measurement."""
+        try:
             if self.dest.storage_options is None:
                 shutil.rmtree(where, ignore_errors=True)
             else:
                 self.store.fs.rm(where.removeprefix("s3://"), recursive=True)
-        dist.barrier()
+        except FileNotFoundError:
+            pass
+        except Exception as exc:
+            logger.warning("could not remove the measured checkpoint %s: %s", where, exc)
 
 
 def _own_shards(path: str, rank: int) -> list[bytes]:
@@ -512,8 +525,7 @@ def _measure_destination(
                     load_s, load_mib, error = _measured(functools.partial(systems.load, system, step, state), pools)
                 if error is not None:
                     _peer_failed(system, error, f"{world_size} ranks, {size:g} MiB, repeat {repeat + 1}", failed)
-                    with contextlib.suppress(Exception):
-                        systems.remove(system, step, rank)
+                    systems.remove(system, step, rank)
                     continue
                 digest_s = None
                 if system == DCP:
