@@ -491,9 +491,7 @@ def _measure_destination(
     points: list[dict[str, Any]] = []
     for size in job.sizes_mib:
         width = width_for(size)
-        model, optim = sharded_policy(mesh, width, DEPTH, seed=0)
-        train_step(model, optim, width, seed=1)
-        state = policy_state(model, optim)
+        model, optim, state = _trained_policy(mesh, width)
         reference = flat_tensors(state) if job.verify else {}
         local_bytes = torch.tensor(
             [sum(t.numel() * t.element_size() for t in flat_tensors(state).values())], dtype=torch.int64
@@ -526,6 +524,8 @@ def _measure_destination(
                 if error is not None:
                     _peer_failed(system, error, f"{world_size} ranks, {size:g} MiB, repeat {repeat + 1}", failed)
                     systems.remove(system, step, rank)
+                    del model, optim, state  # zeroed for the load, or half loaded: the same bits again
+                    model, optim, state = _trained_policy(mesh, width)
                     continue
                 digest_s = None
                 if system == DCP:
@@ -564,6 +564,16 @@ def _measure_destination(
         points.append(point)
         del model, optim, state, reference
     return points
+
+
+def _trained_policy(mesh: Any, width: int) -> tuple[Any, Any, Any]:
+    """The measured policy at `width` after one training step, and its state dict: the same bits on every call
+    (fixed seeds, and gloo sums in a fixed order), so a state a failed system left behind can be made again."""
+    from rlckpt.testing.dcp_ranks import policy_state, sharded_policy, train_step
+
+    model, optim = sharded_policy(mesh, width, DEPTH, seed=0)
+    train_step(model, optim, width, seed=1)
+    return model, optim, policy_state(model, optim)
 
 
 def _peer_failed(system: str, error: str, where: str, failed: dict[str, str]) -> None:
