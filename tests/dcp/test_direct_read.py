@@ -138,8 +138,8 @@ def test_a_tensor_that_is_not_one_block_of_memory_is_loaded_the_common_way(tmp_p
 
     load(url, None, into)
 
-    assert torch.equal(into["big"], state["big"])
-    assert pool.peak_lent >= 3 << 20  # it was read into a buffer, then copied into place
+    assert torch.equal(into["big"], state["big"])  # bytes placed as if it were one block would be transposed
+    assert into["big"] is strided and not strided.is_contiguous()
 
 
 def test_a_file_is_placed_only_into_a_tensor_of_its_tensor_record_size(tmp_path):
@@ -154,10 +154,10 @@ def test_a_file_is_placed_only_into_a_tensor_of_its_tensor_record_size(tmp_path)
     entry = bundle.manifest.files[rel]
     whole = BIG[0] * BIG[1] * 4
 
-    layout = locate(bundle, rel, entry, whole)
-
-    assert layout is not None and layout.nbytes == whole and layout.record == "data/0"
-    assert locate(bundle, rel, entry, whole // 2) is None
+    with bundle.read_in_order(rel) as read:
+        layout = locate(read, 0, entry.size, whole)
+        assert layout is not None and layout.nbytes == whole and layout.record == "data/0"
+        assert locate(read, 0, entry.size, whole // 2) is None
 
 
 def test_a_forged_directory_naming_a_huge_central_directory_is_not_read_into_memory(tmp_path):
@@ -165,11 +165,93 @@ def test_a_forged_directory_naming_a_huge_central_directory_is_not_read_into_mem
     the reader allocate it; the file is then simply read the common way."""
     import struct
 
-    from rlckpt.dcp._direct import _Pieces
+    from rlckpt.dcp._direct import Pieces
 
     size = 1 << 40  # a 1 TiB file, of which the last 22 bytes are an end record naming a 1 TiB - 22 directory
     end_record = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, 0xFFFFFFFF, 0, 0)
-    stream = _Pieces(size, [(size - len(end_record), end_record)])
+    stream = Pieces(size, [(size - len(end_record), end_record)])
     stream.seek(0)
     with pytest.raises(OSError):
         stream.read(size - len(end_record))
+
+
+# --- files of several tensors -------------------------------------------------------------------------------
+
+NAMES = ("a", "b", "c")
+
+
+def saved_together(url: str) -> dict[str, torch.Tensor]:
+    """Three 3 MiB tensors and a small one, which rlckpt's writer puts in one shard file (16 MiB at most)."""
+    gen = torch.Generator().manual_seed(1)
+    state = {name: torch.randn(*BIG, generator=gen) for name in NAMES} | {"bias": torch.arange(10.0)}
+    dcp.save(state, storage_writer=BundleStorageWriter(url, step=1), no_dist=True)
+    return state
+
+
+def file_of(url: str, fqn: str) -> tuple[str, int]:
+    """The relpath of the shard file holding `fqn`, and where its item starts in it."""
+    bundle = BundleStore(url).open(1)
+    metadata = pickle.loads(bundle.read_bytes("policy/.metadata"))
+    (info,) = [info for index, info in metadata.storage_data.items() if index.fqn == fqn]
+    return f"policy/{info.relative_path}", info.offset
+
+
+def test_a_file_of_several_tensors_loads_each_into_its_own_tensor_without_a_buffer_of_the_file(tmp_path, pool):
+    url = str(tmp_path / "run")
+    state = saved_together(url)
+    assert len({file_of(url, name)[0] for name in NAMES}) == 1  # the case under test: one file holds all three
+    into = {name: torch.zeros(*BIG) for name in NAMES} | {"bias": torch.zeros(10)}
+    places = {name: into[name].data_ptr() for name in NAMES}
+
+    load(url, None, into)
+
+    assert all(torch.equal(into[name], state[name]) for name in (*NAMES, "bias"))
+    assert {name: into[name].data_ptr() for name in NAMES} == places
+    assert pool.peak_lent <= 1 << 20  # no read buffer holds a tensor (let alone the 9 MiB file)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_flipped_byte_in_any_tensor_of_a_file_read_into_place_fails_the_load_naming_the_file(tmp_path, pool, name):
+    url = str(tmp_path / "run")
+    saved_together(url)
+    rel, start = file_of(url, name)
+    flip_bit(BundleStore(url), 1, rel, start + (2 << 20))
+
+    with pytest.raises(dcp.CheckpointException) as excinfo:
+        load(url, None, {n: torch.zeros(*BIG) for n in NAMES} | {"bias": torch.zeros(10)})
+
+    assert any(f"{rel} has blake3:" in str(err) for err, _tb in excinfo.value.failures.values())
+
+
+def test_the_items_of_a_file_a_rank_does_not_load_are_still_checked_with_it(tmp_path, pool):
+    """A rank that loads one item of a file (another world size, a part of the state) reads past the others, but
+    hashes them: a flipped byte in an item it skipped still fails its load."""
+    url = str(tmp_path / "run")
+    state = saved_together(url)
+    only_b = {"b": torch.zeros(*BIG)}
+    load(url, None, only_b)
+    assert torch.equal(only_b["b"], state["b"])
+    rel, start = file_of(url, "c")
+    flip_bit(BundleStore(url), 1, rel, start + 100)
+
+    with pytest.raises(dcp.CheckpointException) as excinfo:
+        load(url, None, {"b": torch.zeros(*BIG)})
+
+    assert any(f"{rel} has blake3:" in str(err) for err, _tb in excinfo.value.failures.values())
+
+
+def test_a_file_whose_unplaced_items_would_exceed_the_read_ahead_is_read_the_common_way(tmp_path, monkeypatch):
+    """What an in-order read holds in memory (the items it cannot place) is bounded like every read ahead: beyond
+    READ_AHEAD_BYTES the file is fetched whole the common way (spooled to disk above IN_MEMORY_MAX)."""
+    pool = BufferPool()
+    monkeypatch.setattr(reader_module, "READ_BUFFERS", pool)
+    monkeypatch.setattr(reader_module, "READ_AHEAD_BYTES", 1 << 20)
+    url = str(tmp_path / "run")
+    state = saved_together(url)
+    strided = torch.zeros(BIG[1], BIG[0]).t()  # "a" cannot be placed: 3 MiB would go into memory
+    into = {"a": strided, "b": torch.zeros(*BIG), "c": torch.zeros(*BIG), "bias": torch.zeros(10)}
+
+    load(url, None, into)
+
+    assert all(torch.equal(into[name], state[name]) for name in (*NAMES, "bias"))
+    assert pool.peak_lent >= 9 << 20  # the whole file, in a read buffer

@@ -120,6 +120,35 @@ def test_a_file_read_in_order_of_another_size_is_refused_when_finished(store, ho
         read.finish()
 
 
+def test_a_peek_during_a_read_in_order_is_the_stored_bytes_and_leaves_the_check_to_the_pieces(store):
+    bundle = store.open(2)
+    data = sample_payload(2)[PLAIN]
+    with bundle.read_in_order(PLAIN) as read:
+        assert read.peek(10, 30) == data[10:30]
+        pieces = [bytearray(7), bytearray(len(data) - 7 + 1)]
+        got = [bytes(piece[: read.into(memoryview(piece))]) for piece in pieces]
+        assert read.peek(len(data) - 5, len(data) + 5) == data[-5:]  # unchecked: what is there, up to the end
+        read.finish()
+    assert b"".join(got) == data
+
+
+def test_a_read_in_order_holds_its_file_once_for_all_its_pieces_and_peeks(store, monkeypatch):
+    """Local disk opens the file once (one path walk beneath the root), not once per piece: a reader placing many
+    small items of one file would otherwise pay an open for each."""
+    bundle = store.open(2)
+    backend = type(bundle.backend)
+    held = []
+    monkeypatch.setattr(backend, "hold", lambda self, path, _hold=backend.hold: held.append(path) or _hold(self, path))
+    size = bundle.manifest.files[PLAIN].size
+    with bundle.read_in_order(PLAIN) as read:
+        read.peek(0, 4)
+        for _ in range(size + 1):
+            if not read.into(memoryview(bytearray(1))):
+                break
+        read.finish()
+    assert len(held) == 1 and held[0].endswith(PLAIN)
+
+
 # --- format 1 (sha256) ------------------------------------------------------------------------------------
 
 

@@ -1,23 +1,25 @@
-"""A shard file that holds one large tensor, read straight into the tensor it loads into.
+"""A shard file's large tensors read straight into the tensors they load into (local disk).
 
 DCP writes each tensor item as a `torch.save` archive: a zip whose one big record is the tensor's raw bytes,
-stored uncompressed between a few small records (the pickle before it, the directory after). A file holding
-a single such item is read here in three pieces, in order and hashed as they land: the small records before
-the tensor's bytes into a small buffer, the tensor's bytes into the caller's tensor itself, and the rest into
-another small buffer. No buffer of the file's size is held, whatever the tensor's size, and its bytes are
-copied once, from the store into place.
+stored uncompressed between a few small records (the pickle before it, the directory after). A shard file is
+such items back to back. It is read here front to back, once, hashed as it lands: of each item whose tensor is
+at least DIRECT_MIN bytes and whose caller's tensor is one contiguous block of host memory, the small records
+before the tensor's bytes go into a small buffer, the tensor's bytes into the caller's tensor itself, and the rest
+into another small buffer; every other item (and anything between items) goes into memory as it is. No buffer of
+the file's size is held, and a placed tensor's bytes are copied once, from the store into place.
 
-Where the pieces lie comes from the archive's zip directory, read first and unchecked: it only decides where
+Where the pieces lie comes from each item's zip directory, peeked at first, unchecked: it only decides where
 bytes go. Nothing is parsed as data before the whole file's digest checked out; then torch's weights-only
-loader reads the archive (the pickle from the small buffers) with the tensor's storage given as the caller's
-tensor, so the loaded tensor is the caller's memory, and it must come out as exactly that tensor (dtype,
-shape, strides, place), or it is copied there as DCP would copy it. A tensor's bytes reach the caller's tensor
-before the digest is checked: a file that fails the check fails the load, which then leaves its state as any
-failed DCP load does (partly loaded).
+loader reads each placed archive (the pickle from the small buffers) with the tensor's storage given as the
+caller's tensor, so the loaded tensor is the caller's memory, and it must come out as exactly that tensor
+(dtype, shape, strides, place), or it is copied there as DCP would copy it. A tensor's bytes reach the caller's
+tensor before the digest is checked: a file that fails the check fails the load, which then leaves its state as
+any failed DCP load does (partly loaded).
 
-Any file that does not fit this (no such archive, a tensor of another size, a caller's tensor that is not one
-contiguous block of host memory) is read the common way, into a reused buffer (reader.py), and so is every file
-on an object store, where each of the small reads above is a request of its own.
+An item that does not fit this (no such archive, a tensor of another size, a caller's tensor that is not one
+contiguous block of host memory) is loaded from memory the common way; a file with no item to place is read as
+every file is, into a reused buffer (reader.py), and so is every file on an object store, where each of the small
+reads above would be a request of its own.
 """
 
 from __future__ import annotations
@@ -25,30 +27,34 @@ from __future__ import annotations
 import ctypes
 import struct
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO, cast
 
 import torch
 from torch import _weights_only_unpickler  # torch.load's weights-only unpickler, as _format.load_tensor_view
 from torch.serialization import _load, _open_zipfile_reader  # private: torch.load's own steps
 
-from rlckpt.store import Bundle, FileEntry
+from rlckpt.store import InOrderRead
 
 from ._format import SeekableStream
 
-# A single-item file at least this large is read into its tensor: rlckpt's own shard files stay below it unless
-# one tensor is larger, and below it a file is one of the reused read buffers, fetched ahead of the loop.
-DIRECT_MIN = 16 << 20
-TAIL_PROBE = 64 << 10  # the end of a file read to find the zip directory (a tensor archive's is < 2 KiB)
+# A tensor item at least this large is read into its tensor; a smaller one is read into memory with the file's
+# other small items (placing it would cost a look at its directory, more than the copy it spares).
+DIRECT_MIN = 1 << 20
+TAIL_PROBE = 4 << 10  # the end of an item peeked at to find its zip directory (a tensor archive's is < 2 KiB)
 SMALL_MAX = 1 << 20  # what may lie around the tensor's bytes (pickle, small records, directory) to read this way
+SKIP_CHUNK = 1 << 20  # bytes between the items a rank loads (another rank's) pass through a buffer this large
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature ... file name length, extra field length (30 bytes)
+
+Piece = tuple[int, memoryview | bytes | bytearray]  # bytes at hand, and where they lie
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Where one tensor archive's pieces lie in its file: the tensor record's local header at `header`, its
-    bytes at [data, data + nbytes) once the header's lengths are known, the file `size` bytes long."""
+    """Where one tensor archive's pieces lie in its item (offsets from the item's start): the tensor record's local
+    header at `header`, its bytes at [data, data + nbytes) once the header's lengths are known, the item `size`
+    bytes long."""
 
     record: str  # the record's name inside the archive, e.g. "data/0"
     header: int
@@ -56,38 +62,23 @@ class Layout:
     size: int
 
 
-def load_into(bundle: Bundle, relpath: str, entry: FileEntry, target: torch.Tensor) -> torch.Tensor | None:
-    """`relpath` read into `target` and loaded (`read_into_tensor`), or None, with nothing read into `target`,
-    when the tensor or the file does not fit that. The tensor is asked first: one that cannot take the bytes
-    costs no look at the file."""
-    place = host_bytes(target)
-    if place is None:
-        return None
-    layout = locate(bundle, relpath, entry, len(place))
-    return None if layout is None else read_into_tensor(bundle, relpath, layout, place)
+@dataclass(eq=False)
+class FileItem:
+    """One item of a shard file, at [start, start + length) of it, as `read_items` reads it: with a `layout` and a
+    `place` (the caller's tensor's bytes), its tensor's bytes go there; its other bytes, or all of them, into
+    memory. `pieces` is what was read, at offsets from the item's start; `placed` whether the tensor landed."""
 
+    start: int
+    length: int
+    layout: Layout | None = None
+    place: memoryview | None = None
+    pieces: list[Piece] = field(default_factory=list)
+    placed: bool = False
 
-def locate(bundle: Bundle, relpath: str, entry: FileEntry, nbytes: int) -> Layout | None:
-    """The layout of `relpath` if it is one tensor archive whose single storage record holds `nbytes` bytes,
-    stored, with small records around it; else None (read the common way). Reads the file's end unchecked."""
-    if entry.compression is not None or entry.size < nbytes:
-        return None
-    start = max(0, entry.size - TAIL_PROBE)
-    tail = bundle.read_unchecked(relpath, start, entry.size)
-    try:
-        with zipfile.ZipFile(cast(BinaryIO, _Pieces(entry.size, [(start, tail)]))) as archive:
-            infos = archive.infolist()
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error):
-        return None
-    storages = [i for i in infos if i.filename.partition("/")[2].startswith("data/")]
-    if len(storages) != 1:
-        return None
-    info = storages[0]
-    if info.compress_type != zipfile.ZIP_STORED or info.file_size != nbytes or info.compress_size != nbytes:
-        return None
-    if info.header_offset > SMALL_MAX or entry.size - nbytes > SMALL_MAX:
-        return None
-    return Layout(info.filename.partition("/")[2], info.header_offset, nbytes, entry.size)
+    def stream(self, file_size: int) -> Pieces:
+        """The item's bytes, at their offsets in the file, as a read-only stream over the file (valid only once
+        the file checked out)."""
+        return Pieces(file_size, [(self.start + at, piece) for at, piece in self.pieces])
 
 
 def host_bytes(tensor: torch.Tensor) -> memoryview | None:
@@ -103,38 +94,94 @@ def host_bytes(tensor: torch.Tensor) -> memoryview | None:
     return memoryview(block).cast("B")
 
 
-def read_into_tensor(bundle: Bundle, relpath: str, layout: Layout, place: memoryview) -> torch.Tensor | None:
-    """Read `relpath` with its tensor's bytes landing in `place` (the caller's tensor's `host_bytes`, which
-    `locate` was given the size of; the module doc), check the whole file, and load it: the loaded tensor,
-    viewing `place`. None, having read nothing into `place`, when the record's local header is not where the
-    directory said (the caller reads the file the common way).
+def locate(read: InOrderRead, start: int, length: int, nbytes: int) -> Layout | None:
+    """The layout of the item at [start, start + length) of the file `read` reads, if it is one tensor archive whose
+    single storage record holds `nbytes` bytes, stored, with small records around it; else None (load it the
+    common way). Peeks at the item's end, unchecked."""
+    if length < nbytes:
+        return None
+    probe = max(0, length - TAIL_PROBE)
+    tail = read.peek(start + probe, start + length)
+    try:
+        with zipfile.ZipFile(cast(BinaryIO, Pieces(length, [(probe, tail)]))) as archive:
+            infos = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error):
+        return None
+    storages = [i for i in infos if i.filename.partition("/")[2].startswith("data/")]
+    if len(storages) != 1:
+        return None
+    info = storages[0]
+    if info.compress_type != zipfile.ZIP_STORED or info.file_size != nbytes or info.compress_size != nbytes:
+        return None
+    if info.header_offset > SMALL_MAX or length - nbytes > SMALL_MAX:
+        return None
+    return Layout(info.filename.partition("/")[2], info.header_offset, nbytes, length)
+
+
+def read_items(read: InOrderRead, size: int, items: list[FileItem]) -> None:
+    """Read the `size`-byte file front to back (`items` in file order, apart): each item with a layout into its
+    place and small buffers where it fits that, every other item into memory whole, what lies between items
+    through a scratch buffer; then check the whole file.
 
     Raises:
-        CorruptBundleError: the file differs from the manifest (then `place` holds what was read).
+        CorruptBundleError: the file differs from the manifest (placed tensors then hold what was read).
     """
-    read = bundle.read_in_order(relpath)
+    for item in items:
+        _skip(read, item.start - read.position)
+        item.placed = item.layout is not None and item.place is not None and _read_placed(read, item)
+        if not item.placed:
+            _read_rest(read, item)
+    _skip(read, size - read.position + 1)  # one byte more: a longer file is noticed
+    read.finish()
+
+
+def _skip(read: InOrderRead, count: int) -> None:
+    """Read (and hash) the next `count` bytes, or what is left of the file, keeping none of them."""
+    scratch = memoryview(bytearray(min(count, SKIP_CHUNK))) if count > 0 else memoryview(b"")
+    while count > 0:
+        got = read.into(scratch[: min(count, len(scratch))])
+        if not got:
+            return
+        count -= got
+
+
+def _read_piece(read: InOrderRead, item: FileItem, into: memoryview | bytearray) -> bool:
+    """The item's next bytes into `into`; whether they filled it (the file goes on)."""
+    at = read.position - item.start
+    got = read.into(memoryview(into))
+    item.pieces.append((at, memoryview(into)[:got]))
+    return got == len(into)
+
+
+def _read_placed(read: InOrderRead, item: FileItem) -> bool:
+    """The item in four pieces (the records before its tensor's local header's lengths, the name and extra field,
+    the tensor's bytes into its place, the rest), or False where the header is not where the directory said, or
+    the file ends early (then what is left of it is read the common way)."""
+    layout, place = cast(Layout, item.layout), cast(memoryview, item.place)
     head = bytearray(layout.header + _LOCAL_HEADER.size)
-    if read.into(memoryview(head)) != len(head):
-        return None
+    if not _read_piece(read, item, head):
+        return False
     signature, name_len, extra_len = _LOCAL_HEADER.unpack_from(head, layout.header)
-    if signature != b"PK\x03\x04":
-        return None
-    rest = bytearray(name_len + extra_len)
-    data_start = len(head) + len(rest)
-    data_end = data_start + layout.nbytes
-    if data_end > layout.size or read.into(memoryview(rest)) != len(rest):
-        return None
-    read.into(place)
-    after = bytearray(layout.size - data_end + 1)  # one byte more: a longer file is noticed
-    got = read.into(memoryview(after))
-    read.finish()  # from here on every byte read is the manifest's (so data_end + got is the file's size)
-    pieces: list[tuple[int, memoryview | bytes | bytearray]] = [
-        (0, head),
-        (len(head), rest),
-        (data_start, place),
-        (data_end, memoryview(after)[:got]),
-    ]
-    with _open_zipfile_reader(cast(BinaryIO, _Pieces(layout.size, pieces))) as archive:  # private torch helper
+    data_end = len(head) + name_len + extra_len + layout.nbytes
+    if signature != b"PK\x03\x04" or data_end > layout.size:
+        return False
+    if not _read_piece(read, item, bytearray(name_len + extra_len)) or not _read_piece(read, item, place):
+        return False
+    _read_piece(read, item, bytearray(layout.size - data_end))
+    return True
+
+
+def _read_rest(read: InOrderRead, item: FileItem) -> None:
+    left = item.start + item.length - read.position
+    if left > 0:
+        _read_piece(read, item, bytearray(left))
+
+
+def load_placed(item: FileItem) -> torch.Tensor:
+    """A placed item's tensor, from its checked pieces (after `read_items`): loaded by torch's weights-only loader
+    with the tensor record's storage given as the place itself, so it views the caller's tensor."""
+    layout, place = cast(Layout, item.layout), cast(memoryview, item.place)
+    with _open_zipfile_reader(cast(BinaryIO, Pieces(item.length, item.pieces))) as archive:  # private torch helper
         given = _TensorInPlace(archive, layout.record, torch.frombuffer(place, dtype=torch.uint8))
         loaded = _load(given, "cpu", _weights_only_unpickler, encoding="utf-8")
     return cast(torch.Tensor, loaded)
@@ -168,7 +215,7 @@ class _TensorInPlace:
         return getattr(self._archive, name)
 
 
-class _Pieces(SeekableStream):
+class Pieces(SeekableStream):
     """A file of `size` bytes at hand only in pieces (each at its offset), as a seekable read-only stream: a read
     is served from the pieces, across consecutive ones; one that starts where no piece is raises OSError before
     anything is allocated (a forged zip directory may name a read as large as the file)."""
@@ -176,6 +223,13 @@ class _Pieces(SeekableStream):
     def __init__(self, size: int, pieces: list[tuple[int, memoryview | bytes | bytearray]]) -> None:
         super().__init__(size)
         self._pieces = [(at, memoryview(piece).cast("B")) for at, piece in pieces]
+
+    def span(self, start: int, length: int) -> memoryview | None:
+        """Bytes [start, start + length) as a view of the one piece that holds them all, or None."""
+        found = self._piece_at(start)
+        if found is None or start + length > found[0] + len(found[1]):
+            return None
+        return found[1][start - found[0] : start - found[0] + length]
 
     def _piece_at(self, pos: int) -> tuple[int, memoryview] | None:
         return next(((at, view) for at, view in self._pieces if at <= pos < at + len(view)), None)

@@ -5,8 +5,8 @@ so resharding is DCP's) with its filesystem replaced by the bundle: every byte t
 against the manifest first. `.metadata` is read digest-checked once, when the reader is made, and only
 then unpickled; each shard file a rank needs is fetched once, digest-checked, and sliced by the
 offset/length DCP recorded. Files are fetched a few ahead of the read loop (see _Prefetch), into reused
-buffers, hashed as they arrive; a file that holds one large tensor is read at its turn straight into the
-tensor it loads into (_direct.py), so no buffer of a tensor's size is held, however large the tensor.
+buffers, hashed as they arrive; on local disk a file holding large tensors is read front to back instead, its
+tensors straight into the tensors they load into (_direct.py), so no buffer of a tensor's size is held.
 
 A digest proves a bundle intact, not who wrote it, so nothing of it is unpickled where code could run:
 `.metadata` only through an allowlist unpickler, and a non-tensor item reaches the caller's planner only
@@ -25,6 +25,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -36,7 +37,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from rlckpt.errors import CorruptBundleError, RlckptError, ShardedCheckpointError, UncommittedBundleError
 from rlckpt.store import READ_BUFFERS, Bundle, BundleStore, FileEntry, VerifyKey, join_relpath, validate_relpath
 
-from ._direct import DIRECT_MIN, in_place, load_into
+from ._direct import DIRECT_MIN, FileItem, Pieces, host_bytes, in_place, load_placed, locate, read_items
 from ._format import DEFAULT_PREFIX, METADATA_NAME, ViewStream, load_tensor_view
 from ._plan import BundleRef
 from ._safe_unpickle import VettedBytesPlanner, load_metadata
@@ -85,7 +86,9 @@ class _Prefetch:
     or one that holds a single item (what DCP's own load allocates for that item anyway), is read into a
     buffer of the process's READ_BUFFERS pool (reused from load to load, so its pages are faulted in once) and
     hashed as it lands; a compressed one by `Bundle.read_bytes`; a larger one by `Bundle.get_file` into a
-    private spool dir. Fetching and hashing the next files (on other cores) overlaps loading the current one."""
+    private spool dir. A file given a job in `in_order` is fetched by that job instead, once (its result comes
+    back as a `_ReadInOrder`, holding what the job said it would cost); a second fetch of it is the common one.
+    Fetching and hashing the next files (on other cores) overlaps loading the current one."""
 
     def __init__(
         self,
@@ -95,9 +98,11 @@ class _Prefetch:
         spool_dir: str | None,
         single_item: frozenset[str] = frozenset(),
         budget: int | None = None,
+        in_order: dict[str, _InOrderJob] | None = None,
     ) -> None:
         self.bundle = bundle
         self.spool_dir = spool_dir
+        self._jobs = dict(in_order or {})
         self.budget = READ_AHEAD_BYTES if budget is None else budget
         self._single_item = single_item
         self._dir: str | None = None
@@ -127,6 +132,8 @@ class _Prefetch:
 
     def _cost(self, relpath: str) -> int:
         """The memory a fetch of `relpath` holds until its stream is closed (a spooled file holds disk)."""
+        if relpath in self._jobs:
+            return self._jobs[relpath].cost
         entry = self.bundle.manifest.files.get(relpath)
         if entry is None:
             return 0
@@ -164,6 +171,10 @@ class _Prefetch:
             raise
 
     def _fetch_checked(self, relpath: str, on_close: Callable[[], None]) -> io.IOBase:
+        with self._lock:
+            job = self._jobs.pop(relpath, None)
+        if job is not None:
+            return _ReadInOrder(job.run(), on_close)
         entry = self._entry(relpath)
         if self._in_memory(entry, relpath):
             buffer = READ_BUFFERS.take(entry.size + 1)
@@ -212,6 +223,32 @@ class _Prefetch:
                 future.result().close()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class _InOrderJob:
+    """How the prefetch reads one file in order (_direct.py): `run()` gives its items read and checked, or None
+    when the file is to be read the common way; `cost` is the memory they hold until the loop is done with them."""
+
+    run: Callable[[], list[tuple[int, FileItem]] | None]
+    cost: int
+
+
+class _ReadInOrder(io.IOBase):
+    """What an in-order job gave (`items`: request index and item, in file order; None: read the file the common
+    way), handed to the read loop as the prefetch hands every file; `on_close` runs once it is closed."""
+
+    def __init__(self, items: list[tuple[int, FileItem]] | None, on_close: Callable[[], None]) -> None:
+        super().__init__()
+        self.items = items
+        self._on_close: Callable[[], None] | None = on_close
+
+    def close(self) -> None:
+        on_close, self._on_close = self._on_close, None
+        self.items = None
+        super().close()
+        if on_close is not None:
+            on_close()
 
 
 def _both(first: Callable[[], object], second: Callable[[], object]) -> Callable[[], None]:
@@ -372,7 +409,9 @@ class BundleStorageReader(FileSystemReader):
                 f"step {bundle.step} at {bundle.url} holds no DCP checkpoint under {self.prefix or 'its root'!r} "
                 f"(no {self._metadata_relpath}); files: {bundle.files_under(self.prefix)[:5]}"
             ) from None
-        load_metadata(self._metadata_bytes, self._metadata_origin(bundle))  # refused here, before any load begins
+        # refused here, before any load begins; the first read_metadata hands this one on, later ones unpickle anew
+        self._unread_metadata: Metadata | None = load_metadata(self._metadata_bytes, self._metadata_origin(bundle))
+        self._relpaths: dict[str, str] = {}  # a storage record's relative_path -> its checked bundle relpath
         self.bundle = bundle
         self._files = _BundleFiles(bundle)
         # DCP types its reader's fs as its own FileSystem; its read loop only uses the FileSystemBase API
@@ -383,7 +422,7 @@ class BundleStorageReader(FileSystemReader):
         return f"step {bundle.step} at {bundle.url}: {self._metadata_relpath}"
 
     def _item_origin(self, item: ReadItem) -> str:
-        relpath = join_relpath(self.prefix, self.storage_data[item.storage_index].relative_path)
+        relpath = self._relpath(self.storage_data[item.storage_index])
         return f"step {self.bundle.step} at {self.bundle.url}: {relpath}, item {item.storage_index.fqn!r}"
 
     @property
@@ -417,7 +456,9 @@ class BundleStorageReader(FileSystemReader):
         return False  # never picked by DCP from a bare checkpoint_id: pass the reader explicitly
 
     def read_metadata(self) -> Metadata:  # no **kwargs: DCP must not fall back to rank-local metadata
-        metadata = load_metadata(self._metadata_bytes, self._metadata_origin(self.bundle))  # allowlist unpickler
+        metadata, self._unread_metadata = self._unread_metadata, None
+        if metadata is None:  # DCP may change what it was given: each later call gets its own
+            metadata = load_metadata(self._metadata_bytes, self._metadata_origin(self.bundle))  # allowlist unpickler
         storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
         storage_meta.load_id = self.load_id
         metadata.storage_meta = storage_meta
@@ -445,8 +486,10 @@ class BundleStorageReader(FileSystemReader):
         order the loop wants them, within READ_AHEAD_BYTES. Every item's slice is checked against its file's
         size first; a tensor item of a file held in memory is loaded by torch's weights-only loader with its
         storage viewing the checked buffer (`load_tensor_view`: no copy between the fetch and the caller's
-        tensor but DCP's own `copy_`); the planner sees non-tensor items only through VettedBytesPlanner; what
-        torch raises for an item becomes a CorruptBundleError naming the item and its file."""
+        tensor but DCP's own `copy_`); on local disk a file with large tensor items is read in order by a fetch
+        thread, those tensors into the planner's tensors (`_in_order_job`); the planner sees non-tensor items only
+        through VettedBytesPlanner; what torch raises for an item becomes a CorruptBundleError naming the item and
+        its file."""
         planned = [item.storage_index for item in plan.items]
         check_slices(self.storage_data, planned, self.bundle, self.prefix, self._metadata_relpath)
         # no two items share a record now (check_slices refuses overlaps), so a record names its item
@@ -455,21 +498,29 @@ class BundleStorageReader(FileSystemReader):
         per_file: dict[str, list[ReadItem]] = {}
         for item in plan.items:
             per_file.setdefault(self._relpath(self.storage_data[item.storage_index]), []).append(item)
-        items_in: Counter[str] = Counter(self._relpath(info) for info in self.storage_data.values())
-        single = frozenset(rel for rel in per_file if items_in[rel] == 1)
-        direct = frozenset(rel for rel in single if self._direct_candidate(rel, per_file[rel]))
-        ahead = [rel for rel in per_file if rel not in direct]  # a direct file is read at its turn, into its tensor
-        prefetch = _Prefetch(self.bundle, ahead, self.fetch_workers, self.spool_dir, single)
+        targets: dict[str, dict[int, torch.Tensor]] = {}  # the planner's tensors asked for ahead, by file
+        jobs = {
+            rel: self._in_order_job(rel, requests, targets.setdefault(rel, {}), planner)
+            for rel, requests in per_file.items()
+            if self._in_order_candidate(rel, requests)
+        }
+        prefetch = _Prefetch(
+            self.bundle, list(per_file), self.fetch_workers, self.spool_dir, self._single_items(per_file), None, jobs
+        )
         self._files.prefetch = prefetch
         vetted = VettedBytesPlanner(planner, self._item_origin)
         try:
             for relpath, requests in per_file.items():
-                if relpath in direct:
-                    self._load_direct(relpath, requests[0], vetted)
-                    continue
+                given = targets.get(relpath, {})
+                if relpath in jobs:
+                    with prefetch.take(relpath) as read:
+                        items = cast(_ReadInOrder, read).items
+                        if items is not None:
+                            self._load_read_in_order(relpath, requests, items, given, vetted)
+                            continue
                 with self._files.create_stream(relpath, "rb") as stream:
-                    for request in requests:
-                        self._load_item(stream, request, vetted)
+                    for n, request in enumerate(requests):
+                        self._load_item(stream, request, vetted, given.get(n))
         except RlckptError:
             raise
         except Exception as exc:
@@ -486,7 +537,14 @@ class BundleStorageReader(FileSystemReader):
         return done
 
     def _relpath(self, info: Any) -> str:
-        return os.fspath(self.fs.concat_path(self.path, info.relative_path))
+        """The bundle relpath of a storage record's file (validated once per name: every item asks)."""
+        name = info.relative_path
+        relpath = self._relpaths.get(name) if isinstance(name, str) else None
+        if relpath is None:
+            relpath = os.fspath(self.fs.concat_path(self.path, name))
+            if isinstance(name, str):
+                self._relpaths[name] = relpath
+        return relpath
 
     def _load_item(
         self, stream: io.IOBase, request: ReadItem, planner: LoadPlanner, target: torch.Tensor | None = None
@@ -516,46 +574,96 @@ class BundleStorageReader(FileSystemReader):
         target.copy_(tensor)
         planner.commit_tensor(request, target)
 
-    def _direct_candidate(self, relpath: str, requests: list[ReadItem]) -> bool:
-        """A file to read straight into its tensor (_direct.py): one plain tensor item that is the whole file,
-        stored uncompressed, of at least DIRECT_MIN bytes, where small reads are cheap (local disk: on an object
-        store the directory and the small records would be four requests more per file, which on RGW cost
-        more than the copy they spare)."""
-        entry = self.bundle.manifest.files.get(relpath)
-        if not self.bundle.backend.small_reads_cheap or len(requests) != 1 or entry is None:
-            return False
-        if entry.compression is not None or entry.size < DIRECT_MIN:
-            return False
-        info = self.storage_data[requests[0].storage_index]
-        return (
-            requests[0].type == LoadItemType.TENSOR
-            and not info.transform_descriptors
-            and info.offset == 0
-            and info.length == entry.size
-        )
+    def _single_items(self, per_file: dict[str, list[ReadItem]]) -> frozenset[str]:
+        """The files of the plan that hold one item (any rank's) and are held in memory whatever their size."""
+        items_in: Counter[str] = Counter(self._relpath(info) for info in self.storage_data.values())
+        return frozenset(rel for rel in per_file if items_in[rel] == 1)
 
-    def _load_direct(self, relpath: str, request: ReadItem, planner: LoadPlanner) -> None:
-        """The file's one tensor item read straight into the planner's tensor (_direct.py) and committed; read
-        the common way when the file or the tensor does not fit that (nothing was read into the tensor then).
-        The planner is asked for its tensor once: the common way gets the same tensor."""
+    def _in_order_candidate(self, relpath: str, requests: list[ReadItem]) -> bool:
+        """A file to read front to back at its turn, its large tensors straight into their tensors (_direct.py):
+        stored uncompressed, holding a plain tensor item of at least DIRECT_MIN bytes, where small reads are cheap
+        (local disk: on an object store each item's directory and small records would be requests of their own,
+        which on RGW cost more than the copy they spare)."""
+        entry = self.bundle.manifest.files.get(relpath)
+        if not self.bundle.backend.small_reads_cheap or entry is None or entry.compression is not None:
+            return False
+        return any(self._placeable(request) for request in requests)
+
+    def _placeable(self, request: ReadItem) -> bool:
         info = self.storage_data[request.storage_index]
-        self._files.item = (relpath, self._items[id(info)], info)
-        target = planner.resolve_tensor(request).detach()
-        loaded = load_into(self.bundle, relpath, self.bundle.manifest.files[relpath], target)
-        if loaded is None:
-            with self._files.create_stream(relpath, "rb") as stream:
-                self._load_item(stream, request, planner, target)
-        elif in_place(loaded, target):
-            planner.commit_tensor(request, target)
-        else:  # stored in another dtype or layout: DCP's own narrowing and copy, from a copy of what landed
-            self._place(loaded.clone(), request, planner, target)
+        return request.type == LoadItemType.TENSOR and not info.transform_descriptors and info.length >= DIRECT_MIN
+
+    def _in_order_job(
+        self, relpath: str, requests: list[ReadItem], targets: dict[int, torch.Tensor], planner: LoadPlanner
+    ) -> _InOrderJob:
+        """The prefetch's job for a file read in order: the planner is asked here, in the loop's thread, for the
+        tensors of the items that can be placed (`targets`, by request index: asked once, whichever way the file is
+        then read); the job, in a fetch thread, places them (`_read_in_order`). Its cost: the bytes of the items
+        that will not be placed."""
+        for n, request in enumerate(requests):
+            if self._placeable(request):
+                targets[n] = planner.resolve_tensor(request).detach()
+        places = {n: place for n, target in targets.items() if (place := host_bytes(target)) is not None}
+        cost = sum(self.storage_data[r.storage_index].length for n, r in enumerate(requests) if n not in places)
+        return _InOrderJob(functools.partial(self._read_in_order, relpath, requests, places), cost)
+
+    def _read_in_order(
+        self, relpath: str, requests: list[ReadItem], places: dict[int, memoryview]
+    ) -> list[tuple[int, FileItem]] | None:
+        """The file read front to back (_direct.py): each item given a place whose file lays it out for it read
+        into that place, the others into memory; checked. None, having read nothing, when what goes into memory
+        would exceed READ_AHEAD_BYTES (the file is then read the common way)."""
+        entry = self.bundle.manifest.files[relpath]
+        order = sorted(range(len(requests)), key=lambda n: self.storage_data[requests[n].storage_index].offset)
+        items: list[tuple[int, FileItem]] = []
+        with self.bundle.read_in_order(relpath) as read:
+            for n in order:
+                info = self.storage_data[requests[n].storage_index]
+                item = FileItem(info.offset, info.length)
+                if n in places:
+                    item.layout = locate(read, info.offset, info.length, len(places[n]))
+                    item.place = places[n] if item.layout is not None else None
+                items.append((n, item))
+            if sum(item.length for _n, item in items if item.layout is None) > READ_AHEAD_BYTES:
+                return None
+            read_items(read, entry.size, [item for _n, item in items])
+        return items
+
+    def _load_read_in_order(
+        self,
+        relpath: str,
+        requests: list[ReadItem],
+        items: list[tuple[int, FileItem]],
+        targets: dict[int, torch.Tensor],
+        planner: LoadPlanner,
+    ) -> None:
+        """A file's items after its read in order checked out: a placed tensor is committed where it landed (or
+        copied there as DCP would, when it is stored in another dtype or layout); the others load from memory as
+        DCP loads them."""
+        size = self.bundle.manifest.files[relpath].size
+        for n, item in items:
+            request = requests[n]
+            info = self.storage_data[request.storage_index]
+            self._files.item = (relpath, self._items[id(info)], info)
+            if not item.placed:
+                self._load_item(item.stream(size), request, planner, targets.get(n))
+                continue
+            loaded = load_placed(item)
+            if in_place(loaded, targets[n]):
+                planner.commit_tensor(request, targets[n])
+            else:  # stored in another dtype or layout: DCP's own narrowing and copy, from a copy of what landed
+                self._place(loaded.clone(), request, planner, targets[n])
 
     def _tensor(self, stream: io.IOBase, request: ReadItem, info: Any) -> torch.Tensor:
         """A tensor item: viewing the checked buffer when the file is in memory and the item is stored plain
         (no transform), else through DCP's transforms and torch.load, as DCP loads it."""
         file_slice = self._slice_file(stream, info)  # remembers the item being loaded
-        if isinstance(stream, _BufferStream) and not info.transform_descriptors and info.length > 0:
-            return load_tensor_view(stream.view[info.offset : info.offset + info.length])
+        if not info.transform_descriptors and info.length > 0:
+            if isinstance(stream, _BufferStream):
+                return load_tensor_view(stream.view[info.offset : info.offset + info.length])
+            view = stream.span(info.offset, info.length) if isinstance(stream, Pieces) else None
+            if view is not None:
+                return load_tensor_view(view)
         source = self.transforms.transform_load_stream(request, info.transform_descriptors or (), file_slice)
         if not source.seekable():
             source = io.BytesIO(source.read(-1))
@@ -564,6 +672,5 @@ class BundleStorageReader(FileSystemReader):
 
     def _slice_file(self, file: Any, sinfo: Any) -> Any:
         """DCP's slice of one item (bounds checked in read_data), remembered as the item being loaded."""
-        relpath = join_relpath(self.prefix, sinfo.relative_path)
-        self._files.item = (relpath, self._items[id(sinfo)], sinfo)
+        self._files.item = (self._relpath(sinfo), self._items[id(sinfo)], sinfo)
         return super()._slice_file(file, sinfo)

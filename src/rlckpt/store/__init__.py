@@ -9,7 +9,7 @@ run (docs/security.md). What callers may import is below; the submodules are the
 
 from .backends.object_store import WRITE_BLOCK_SIZE
 from .buffers import READ_BUFFERS, BufferPool
-from .bundle import Bundle
+from .bundle import Bundle, InOrderRead
 from .commit_check import CommitRecords
 from .digest import Digest
 from .gc import GcReport
@@ -43,6 +43,7 @@ __all__ = [
     "Digest",
     "FileEntry",
     "GcReport",
+    "InOrderRead",
     "Intent",
     "KeyPairFiles",
     "Manifest",

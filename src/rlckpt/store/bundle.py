@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 
 from rlckpt.errors import CorruptBundleError, UnsafeObjectError
 
-from .backends import Backend
+from .backends import Backend, HeldFile
 from .buffers import READ_BUFFERS
 from .commit_check import check_listing
 from .compression import ZSTD, DecompressionError, ExactDecompressor, decompress_exact
@@ -180,9 +180,9 @@ class Bundle:
         view = memoryview(buffer).cast("B")
         if len(view) < entry.size:
             raise ValueError(f"a buffer of {len(view)} bytes cannot hold {relpath} ({entry.size} bytes)")
-        read = InOrderRead(self, relpath, entry)
-        got = read.into(view[: entry.size + 1])
-        read.finish()
+        with InOrderRead(self, relpath, entry) as read:
+            got = read.into(view[: entry.size + 1])
+            read.finish()
         return view[:got]
 
     def read_in_order(self, relpath: str) -> InOrderRead:
@@ -349,27 +349,54 @@ class InOrderRead:
     """One file read front to back in pieces (`Bundle.read_in_order`): `into(view)` fills `view` with the
     file's next bytes (fewer at its end), hashing them as they land; `finish()` checks that the pieces came
     to the manifest's size and digest. Give the last piece one byte more than the file has left, so a longer
-    file is noticed."""
+    file is noticed. The file is held (local disk: open) from the first read until `finish()` or `close()`
+    (use it as a context manager), so many small pieces cost a read each, not an open each."""
 
     def __init__(self, bundle: Bundle, relpath: str, entry: FileEntry) -> None:
         self._bundle = bundle
         self._relpath = relpath
         self._entry = entry
         self._hasher = new_hasher(entry.digest.algorithm, entry.size)
+        self._file: HeldFile | None = None
         self.position = 0
+
+    def __enter__(self) -> InOrderRead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _held(self) -> HeldFile:
+        if self._file is None:
+            self._file = self._bundle._stored(self._relpath, self._bundle.backend.hold)
+        return self._file
 
     def into(self, view: memoryview) -> int:
         """Read the next `len(view)` bytes (or what is left) into `view`; how many came."""
         if not len(view):
             return 0
-        backend, start = self._bundle.backend, self.position
-        got = int(
-            self._bundle._stored(self._relpath, lambda path: backend.read_into(path, view, start, self._hasher.update))
-        )
+        start = self.position
+        held = self._held()
+        got = int(self._bundle._stored(self._relpath, lambda _path: held.read_into(view, start, self._hasher.update)))
         self.position += got
         return got
 
+    def peek(self, start: int, end: int) -> bytes:
+        """Bytes [start, end) of the stored file, NOT checked and not hashed (`Bundle.read_unchecked`): only to
+        find where things lie in the file before its pieces are read in order."""
+        held = self._held()
+        out = bytearray(max(0, end - start))
+        got = int(self._bundle._stored(self._relpath, lambda _path: held.read_into(memoryview(out), start)))
+        return bytes(out[:got])
+
     def finish(self) -> None:
-        """CorruptBundleError unless the bytes read are the whole file as the manifest has it."""
+        """CorruptBundleError unless the bytes read are the whole file as the manifest has it. Lets the file go."""
+        self.close()
         digest = Digest.of_hasher(self._entry.digest.algorithm, self._hasher)
         self._bundle._check(self._relpath, self._entry, digest, self.position)
+
+    def close(self) -> None:
+        """Let the held file go (reads after this hold it again)."""
+        held, self._file = self._file, None
+        if held is not None:
+            held.close()

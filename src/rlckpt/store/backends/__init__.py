@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Backend, CommitView, Listing, PendingWrite
+from .base import Backend, CommitView, HeldFile, Listing, PendingWrite
 from .local import LocalBackend
 from .object_store import ObjectBackend
 from .s3 import S3Backend
@@ -12,6 +12,7 @@ from .s3 import S3Backend
 __all__ = [
     "Backend",
     "CommitView",
+    "HeldFile",
     "Listing",
     "LocalBackend",
     "ObjectBackend",

@@ -35,6 +35,22 @@ def _nothing() -> None:
     return None
 
 
+class HeldFile:
+    """A stored file held for several reads of its pieces (`Backend.hold`): local disk keeps one open file for
+    them all; elsewhere each read is a request of its own, as `Backend.read_into` makes it."""
+
+    def __init__(self, backend: Backend, path: str) -> None:
+        self._backend = backend
+        self._path = path
+
+    def read_into(self, view: memoryview, start: int, on_chunk: Callable[[memoryview], object] | None = None) -> int:
+        """`Backend.read_into` of the held file."""
+        return self._backend.read_into(self._path, view, start, on_chunk)
+
+    def close(self) -> None:
+        """Let the file go (nothing to do unless the backend opened it)."""
+
+
 @dataclass(frozen=True)
 class PendingWrite:
     """What is left of a kept file once `finish_write` returned: `complete()` makes it durable (local disk: its
@@ -151,6 +167,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def read_range(self, path: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of a stored file (fewer if it is shorter)."""
+
+    def hold(self, path: str) -> HeldFile:
+        """`path` held for reads of many small pieces in turn (a reader placing a file's items one by one)."""
+        return HeldFile(self, path)
 
     def read_into(
         self, path: str, view: memoryview, start: int = 0, on_chunk: Callable[[memoryview], object] | None = None

@@ -34,7 +34,7 @@ from rlckpt.errors import (
 
 from ..inventory import DIRECTORY, FILE, ListedPath
 from ..paths import COMMIT_NAME, MANIFEST_NAME, QUARANTINE_DIR, RESERVED_NAMES, TMP_DIR
-from .base import READ_CHUNK, Backend, Inventory, Listing, PendingWrite
+from .base import READ_CHUNK, Backend, HeldFile, Inventory, Listing, PendingWrite
 from .beneath import RunRoot, fsync_tree, kind_of, named, open_for_write, pinned_path, refusal, walk
 
 log = logging.getLogger(__name__)
@@ -119,6 +119,10 @@ class LocalBackend(Backend):
             return _read_chunks(fd, view, start, on_chunk)
         finally:
             os.close(fd)
+
+    def hold(self, path: str) -> HeldFile:
+        """One open file (reached as every read reaches it) for all the reads of its pieces: no path walk each."""
+        return _OpenFile(self, path, self._open_regular(path))
 
     def list_files(self, path: str) -> Listing:
         sizes: dict[str, int] = {}
@@ -358,6 +362,24 @@ class LocalBackend(Backend):
         target = self.path(QUARANTINE_DIR, name)
         self._rename(self.path(step_dir), target, create_target_dir=True)  # atomic: the step is free, the bundle kept
         return target
+
+
+class _OpenFile(HeldFile):
+    """A stored file held open: each read is one preadv (a READ_CHUNK at a time) on its fd."""
+
+    def __init__(self, backend: Backend, path: str, fd: int) -> None:
+        super().__init__(backend, path)
+        self._fd: int | None = fd
+
+    def read_into(self, view: memoryview, start: int, on_chunk: Callable[[memoryview], object] | None = None) -> int:
+        if self._fd is None:
+            raise ValueError("read of a held file after it was let go")
+        return _read_chunks(self._fd, view, start, on_chunk)
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 def _read_chunks(fd: int, view: memoryview, start: int, on_chunk: Callable[[memoryview], object] | None) -> int:
