@@ -2,9 +2,9 @@
 (under the algorithm the manifest names for the file) before any byte reaches the caller (callers
 unpickle what they get), and inflates zstd entries only to the manifest's logical size. Bytes are
 hashed as they arrive, in one pass: no read goes over a file's bytes a second time to hash them.
-Three reads hand bytes over before the check, each saying so: `read_stored` and `read_in_order` (checked
-once the last piece has passed: what came before is the caller's to throw away on an error), and
-`read_unchecked` (never checked: to find where things lie in a file, not to parse as data)."""
+Two reads hand bytes over before the check, each saying so: `read_stored` and `read_in_order` (checked
+once the last piece has passed: what came before is the caller's to throw away on an error); a read in order
+may also `peek` (never checked: to find where things lie in a file, not to parse as data)."""
 
 from __future__ import annotations
 
@@ -205,12 +205,6 @@ class Bundle:
             )
         return entry
 
-    def read_unchecked(self, relpath: str, start: int, end: int) -> bytes:
-        """Bytes [start, end) of the stored file, NOT checked against the manifest: only to find where things
-        lie in a file before it is read checked (a zip archive's directory); never to parse as data."""
-        self._entry(relpath)
-        return bytes(self._stored(relpath, lambda path: self.backend.read_range(path, start, end)))
-
     def read_stored(
         self, relpath: str, sink: Callable[[memoryview], Any], progress: Callable[[int], None] | None = None
     ) -> None:
@@ -382,8 +376,9 @@ class InOrderRead:
         return got
 
     def peek(self, start: int, end: int) -> bytes:
-        """Bytes [start, end) of the stored file, NOT checked and not hashed (`Bundle.read_unchecked`): only to
-        find where things lie in the file before its pieces are read in order."""
+        """Bytes [start, end) of the stored file, NOT checked against the manifest and not hashed: only to find
+        where things lie in the file (a zip archive's directory) before its pieces are read in order; never to
+        parse as data."""
         held = self._held()
         out = bytearray(max(0, end - start))
         got = int(self._bundle._stored(self._relpath, lambda _path: held.read_into(memoryview(out), start)))
