@@ -154,6 +154,47 @@ def test_a_peer_that_fails_at_one_point_is_not_measured_there_and_the_sweep_goes
     assert skipped_note([first, second]).count("not measured") == 1
 
 
+def test_every_system_saves_and_loads_each_sizes_state_once_untimed_before_its_timed_repeats(tmp_path, monkeypatch):
+    """The first write of a size's bytes can cost several times the later ones (a VM's host backing freed memory
+    again): whoever went first at a size paid it alone. Now every system first saves and loads the point's own
+    state once, untimed, and only the repeats after it are measured."""
+    import torch
+
+    from rlckpt.bench import policy
+    from rlckpt.testing.dcp_ranks import flat_tensors, process_group
+    from rlckpt.testing.moto import free_port
+
+    calls: list[tuple[str, str, int]] = []
+    real_save, real_load = policy._Systems.save, policy._Systems.load
+
+    def nbytes(state):
+        return sum(t.numel() * t.element_size() for t in flat_tensors(state).values())
+
+    def save(self, system, k, state):
+        calls.append(("save", system, nbytes(state)))
+        return real_save(self, system, k, state)
+
+    def load(self, system, k, state):
+        calls.append(("load", system, nbytes(state)))
+        return real_load(self, system, k, state)
+
+    monkeypatch.setattr(policy._Systems, "save", save)
+    monkeypatch.setattr(policy._Systems, "load", load)
+    dest = policy.DestinationJob("local", str(tmp_path / "run"), str(tmp_path / "peers"), None)
+    job = policy.RankJob([dest], [0.5], repeats=1, verify=True, thread_count=1, out_path="-", warm_up=True)
+    threads = torch.get_num_threads()
+    try:
+        with process_group(0, 1, free_port()) as mesh:
+            (point,) = points_from_document({"points": policy._measure_destination(0, 1, mesh, dest, job)})
+    finally:
+        torch.set_num_threads(threads)
+
+    at_size = [(op, system) for op, system, n in calls if n == point.state_bytes]
+    assert at_size == [("save", RLCKPT), ("load", RLCKPT), ("save", DCP), ("load", DCP)] * 2
+    assert [(m.system, m.repeat) for m in point.measurements] == [(RLCKPT, 0), (DCP, 0)]
+    assert all(m.verified for m in point.measurements)
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_removing_what_a_failed_save_never_wrote_still_meets_the_other_ranks(tmp_path, s3_endpoint, monkeypatch, rank):
     """A peer's save that failed before writing leaves nothing to remove: rank 0's removal must not skip the

@@ -1,15 +1,17 @@
 """`rlckpt bench policy`: save and load a sharded policy (FSDP2 MLP + AdamW state) through rlckpt.dcp and through
 the systems a user would compare it with, on the same state, in the same processes, one after the other.
 
-For each rank count, N ranks are spawned once (gloo on 127.0.0.1, FSDP2 on a CPU mesh); for each destination
-and size they build the state, then per repeat save and load it through every system (the order rotates
-between repeats). A save or load is timed on rank 0 from a barrier before it to a barrier after it, so its time
-is the slowest rank's; its extra memory is each rank's peak resident set during it over the one before it
-(the kernel's high-water mark, reset just before, after the heap's free memory went back to the kernel),
-the largest of the ranks. rlckpt's buffer pools, kept between operations, count as extra memory of every
-one of its operations; what another system's native client keeps between operations (the CRT's buffer
-pool) is not seen, so its figure is a lower bound. Before each load the state is zeroed, after it the
-loaded state is compared bitwise with what was saved.
+For each rank count, N ranks are spawned once (gloo on 127.0.0.1, FSDP2 on a CPU mesh); for each destination and
+size they build the state, then per repeat save and load it through every system (the order rotates between
+repeats), after one untimed save and load of each at that size (the first write of that many bytes is slow on
+some VMs, likely while the host backs again memory the guest gave back: a 1 GiB file took 3.5 s to write there
+the first time and 0.22 s each time after). A save or load is timed on rank 0 from a barrier before it to a
+barrier after it, so its time is the slowest rank's; its extra memory is each rank's peak resident set during it
+over the one before it (the kernel's high-water mark, reset just before, after the heap's free memory went back
+to the kernel), the largest of the ranks. rlckpt's buffer pools, kept between operations, count as extra memory
+of every one of its operations; what another system's native client keeps between operations (the CRT's buffer
+pool) is not seen, so its figure is a lower bound. Before each load the state is zeroed, after it the loaded
+state is compared bitwise with what was saved.
 
 Systems:
 - rlckpt: standalone `BundleStorageWriter(store, step=k)` (one BundleStore per rank, kept across saves as a
@@ -103,6 +105,7 @@ class PolicyBenchConfig:
     repeats: int = 3
     verify: bool = True
     thread_count: int = 1  # writer threads per rank, the same for every system (DCP's default is 1)
+    warm_up: bool = True  # an untimed save + load of every system at each size before its repeats
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,7 @@ class RankJob:
     verify: bool
     thread_count: int
     out_path: str
+    warm_up: bool = False  # see PolicyBenchConfig.warm_up
 
 
 @dataclass
@@ -509,6 +513,16 @@ def _measure_destination(
             "measurements": [],
         }
         failed: dict[str, str] = {}  # peers that failed at this size: not measured here, tried again at the next
+        if job.warm_up:
+            for system in order:
+                step += 1
+                error = _try_together(functools.partial(systems.save, system, step, state))
+                error = error or _try_together(functools.partial(systems.load, system, step, state))
+                systems.remove(system, step, rank)
+                if error is not None:
+                    _peer_failed(system, error, f"{world_size} ranks, {size:g} MiB, warm-up", failed)
+                    del model, optim, state  # half loaded, perhaps: the same bits again
+                    model, optim, state = _trained_policy(mesh, width)
         for repeat in range(job.repeats):
             shift = repeat % len(order)
             for system in order[shift:] + order[:shift]:
@@ -636,6 +650,7 @@ def run_sweep(
             verify=config.verify,
             thread_count=config.thread_count,
             out_path=os.path.join(workdir, f"policy-{ranks}r.json"),
+            warm_up=config.warm_up,
         )
         try:
             run_ranks(rank_main, ranks, job, timeout=timeout)

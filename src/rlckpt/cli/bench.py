@@ -290,6 +290,11 @@ def _add_policy(sub: Any) -> None:
         "--repeats", type=int, default=3, metavar="N", help="save+load repetitions of each system per point (default 3)"
     )
     p.add_argument(
+        "--no-warm-up",
+        action="store_true",
+        help="skip the untimed save+load of each system at each size before its repeats",
+    )
+    p.add_argument(
         "--scratch-dir",
         default=None,
         metavar="DIR",
@@ -713,8 +718,9 @@ def run_policy(args: argparse.Namespace) -> int:
             repeats=1 if args.quick else args.repeats,
             verify=not args.no_verify,
             thread_count=args.thread_count,
+            warm_up=not args.no_warm_up,
         )
-        config_doc = {"thread_count": config.thread_count, "repeats": config.repeats}
+        config_doc = {"thread_count": config.thread_count, "repeats": config.repeats, "warm_up": config.warm_up}
         meta = run_metadata(_command_line())
         digests = measure_digests(mib=4 if args.quick else 256)
         print(digest_table(digests), file=sys.stderr)
@@ -763,7 +769,9 @@ def run_policy(args: argparse.Namespace) -> int:
         meta["not_measured"] = failed
         write_json(out, result_document(points, config, meta, digests))
     settings = (
-        f"Medians of {config_doc.get('repeats')} repeats; writer threads per rank: "
+        f"Medians of {config_doc.get('repeats')} repeats"
+        + (", after an untimed save and load of each system at each size" if config_doc.get("warm_up") else "")
+        + "; writer threads per rank: "
         f"{config_doc.get('thread_count', 1)} for every system. rlckpt: standalone BundleStorageWriter/"
         "BundleStorageReader (BLAKE3 of every file as it passes, fsync on local disk, one commit). Local disk: DCP's "
         "FileSystemWriter (sync_files=True) / FileSystemReader, and the checked floor (DCP's load plus one BLAKE3 "
