@@ -466,6 +466,15 @@ def _try_together(fn: Callable[[], Any]) -> str | None:
     return error
 
 
+def _untimed(systems: _Systems, system: str, step: int, state: Any, rank: int) -> str | None:
+    """Save `state` as `step` through `system` and load it back, untimed, on every rank, then remove it; None,
+    or the first line of the failure (every rank agrees)."""
+    error = _try_together(functools.partial(systems.save, system, step, state))
+    error = error or _try_together(functools.partial(systems.load, system, step, state))
+    systems.remove(system, step, rank)
+    return error
+
+
 def _measure_destination(
     rank: int, world_size: int, mesh: Any, dest: DestinationJob, job: RankJob
 ) -> list[dict[str, Any]]:
@@ -485,11 +494,9 @@ def _measure_destination(
     warm = policy_state(model, optim)
     for system in dest.systems:
         step += 1
-        error = _try_together(functools.partial(systems.save, system, step, warm))
-        error = error or _try_together(functools.partial(systems.load, system, step, warm))
+        error = _untimed(systems, system, step, warm, rank)
         if error:
             skipped[system] = f"failed: {error}"
-        systems.remove(system, step, rank)
     order = [s for s in dest.systems if s not in skipped]
 
     points: list[dict[str, Any]] = []
@@ -516,9 +523,7 @@ def _measure_destination(
         if job.warm_up:
             for system in order:
                 step += 1
-                error = _try_together(functools.partial(systems.save, system, step, state))
-                error = error or _try_together(functools.partial(systems.load, system, step, state))
-                systems.remove(system, step, rank)
+                error = _untimed(systems, system, step, state, rank)
                 if error is not None:
                     _peer_failed(system, error, f"{world_size} ranks, {size:g} MiB, warm-up", failed)
                     del model, optim, state  # half loaded, perhaps: the same bits again
