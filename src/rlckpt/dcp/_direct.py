@@ -1,4 +1,4 @@
-"""A shard file's large tensors read straight into the tensors they load into (local disk).
+"""A shard file's large tensors read straight into the tensors they load into (local disk and S3).
 
 DCP writes each tensor item as a `torch.save` archive: a zip whose one big record is the tensor's raw bytes,
 stored uncompressed between a few small records (the pickle before it, the directory after). A shard file is
@@ -6,20 +6,23 @@ such items back to back. It is read here front to back, once, hashed as it lands
 at least DIRECT_MIN bytes and whose caller's tensor is one contiguous block of host memory, the small records
 before the tensor's bytes go into a small buffer, the tensor's bytes into the caller's tensor itself, and the rest
 into another small buffer; every other item (and anything between items) goes into memory as it is. No buffer of
-the file's size is held, and a placed tensor's bytes are copied once, from the store into place.
+the file's size is held, and a placed tensor's bytes are copied once, from the store into place. On S3 the whole
+read is one GET, kept open from piece to piece (the store's held stream).
 
-Where the pieces lie comes from each item's zip directory, peeked at first, unchecked: it only decides where
-bytes go. Nothing is parsed as data before the whole file's digest checked out; then torch's weights-only
-loader reads each placed archive (the pickle from the small buffers) with the tensor's storage given as the
-caller's tensor, so the loaded tensor is the caller's memory, and it must come out as exactly that tensor
-(dtype, shape, strides, place), or it is copied there as DCP would copy it. A tensor's bytes reach the caller's
-tensor before the digest is checked: a file that fails the check fails the load, which then leaves its state as
-any failed DCP load does (partly loaded).
+Where the pieces lie, nothing checked yet, only decides where bytes go. On local disk it comes from each item's
+zip directory, peeked at first (`locate`); on S3, where a peek at the end would be a request of its own, from the
+item's first bytes as the read reaches them (`locate_head`: its tensor record's local header), and after the file
+checked out the item's directory must agree (`confirmed`), or the item loads the common way from the pieces that
+hold it. Nothing is parsed as data before the whole file's digest checked out; then torch's weights-only loader
+reads each placed archive (the pickle from the small buffers) with the tensor's storage given as the caller's
+tensor, so the loaded tensor is the caller's memory, and it must come out as exactly that tensor (dtype, shape,
+strides, place), or it is copied there as DCP would copy it. A tensor's bytes reach the caller's tensor before the
+digest is checked: a file that fails the check fails the load, which then leaves its state as any failed DCP load
+does (partly loaded).
 
 An item that does not fit this (no such archive, a tensor of another size, a caller's tensor that is not one
 contiguous block of host memory) is loaded from memory the common way; a file with no item to place is read as
-every file is, into a reused buffer (reader.py), and so is every file on an object store, where each of the small
-reads above would be a request of its own.
+every file is, into a reused buffer (reader.py).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import struct
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, cast
 
@@ -46,8 +50,16 @@ SMALL_MAX = 1 << 20  # what may lie around the tensor's bytes (pickle, small rec
 SKIP_CHUNK = 1 << 20  # bytes between the items a rank loads (another rank's) pass through a buffer this large
 
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature ... file name length, extra field length (30 bytes)
+_LOCAL_SIGNATURE = b"PK\x03\x04"
+_METHOD = struct.Struct("<H")  # a local header's compression method, at its byte 8
+HEAD_PROBE = 4 << 10  # an item's first bytes looked at for its tensor record's local header (torch's is < 1 KiB in)
 
 Piece = tuple[int, memoryview | bytes | bytearray]  # bytes at hand, and where they lie
+Finder = Callable[[InOrderRead, int, int, int], "Layout | None"]  # locate_head's signature
+
+
+class InMemoryOverBudget(Exception):
+    """A read in order would hold more of a file in memory than its caller allowed."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,7 @@ class FileItem:
     place: memoryview | None = None
     pieces: list[Piece] = field(default_factory=list)
     placed: bool = False
+    guessed: bool = False  # the layout came from the item's first bytes (locate_head), to be confirmed
 
     def stream(self, file_size: int) -> Pieces:
         """The item's bytes, at their offsets in the file, as a read-only stream over the file (valid only once
@@ -97,13 +110,48 @@ def host_bytes(tensor: torch.Tensor) -> memoryview | None:
 def locate(read: InOrderRead, start: int, length: int, nbytes: int) -> Layout | None:
     """The layout of the item at [start, start + length) of the file `read` reads, if it is one tensor archive whose
     single storage record holds `nbytes` bytes, stored, with small records around it; else None (load it the
-    common way). Peeks at the item's end, unchecked."""
+    common way). Peeks at the item's end, unchecked (local disk: a read of its own)."""
     if length < nbytes:
         return None
     probe = max(0, length - TAIL_PROBE)
     tail = read.peek(start + probe, start + length)
+    return _directory_layout(Pieces(length, [(probe, tail)]), length, nbytes)
+
+
+def locate_head(read: InOrderRead, start: int, length: int, nbytes: int) -> Layout | None:
+    """Where the item at [start, start + length) would hold a stored record of `nbytes` bytes named data/..., by its
+    first bytes alone (peeked, unchecked: on S3 the held stream reads them ahead, no request of its own), for a read
+    in order that reaches the item before its zip directory (which comes last). A guess, until `confirmed`."""
+    if length < nbytes or length - nbytes > SMALL_MAX:
+        return None
+    head = read.peek(start, start + min(HEAD_PROBE, length - nbytes))
+    at = head.find(_LOCAL_SIGNATURE)
+    while at >= 0 and at + _LOCAL_HEADER.size <= len(head):
+        _signature, name_len, extra_len = _LOCAL_HEADER.unpack_from(head, at)
+        name = head[at + _LOCAL_HEADER.size : at + _LOCAL_HEADER.size + name_len]
+        record = name.partition(b"/")[2]
+        if len(name) == name_len and record.startswith(b"data/"):
+            stored = _METHOD.unpack_from(head, at + 8)[0] == zipfile.ZIP_STORED
+            if not stored or at + _LOCAL_HEADER.size + name_len + extra_len + nbytes > length:
+                return None
+            return Layout(record.decode("ascii", "replace"), at, nbytes, length)
+        at = head.find(_LOCAL_SIGNATURE, at + 1)
+    return None
+
+
+def confirmed(item: FileItem) -> bool:
+    """Whether the item's own zip directory (read and checked by now) lays it out as `locate_head` guessed: torch's
+    loader finds the tensor's bytes through the directory, so a placed tensor is the item's only if both agree."""
+    layout = item.layout
+    if layout is None:
+        return False
+    return _directory_layout(Pieces(item.length, item.pieces), item.length, layout.nbytes) == layout
+
+
+def _directory_layout(stream: Pieces, length: int, nbytes: int) -> Layout | None:
+    """The layout the zip directory of a `length`-byte item gives (`stream`: the item, at least its end), or None."""
     try:
-        with zipfile.ZipFile(cast(BinaryIO, Pieces(length, [(probe, tail)]))) as archive:
+        with zipfile.ZipFile(cast(BinaryIO, stream)) as archive:
             infos = archive.infolist()
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error):
         return None
@@ -118,21 +166,39 @@ def locate(read: InOrderRead, start: int, length: int, nbytes: int) -> Layout | 
     return Layout(info.filename.partition("/")[2], info.header_offset, nbytes, length)
 
 
-def read_items(read: InOrderRead, size: int, items: list[FileItem]) -> None:
+def read_items(
+    read: InOrderRead,
+    size: int,
+    items: list[FileItem],
+    find: Finder | None = None,
+    in_memory_max: int | None = None,
+) -> None:
     """Read the `size`-byte file front to back (`items` in file order, apart): each item with a layout into its
     place and small buffers where it fits that, every other item into memory whole, what lies between items
-    through a scratch buffer; then check the whole file.
+    through a scratch buffer; then check the whole file. With `find` (`locate_head`), an item given a place but no
+    layout is located when the read reaches it, and kept placed only if its directory then agrees (`confirmed`).
 
     Raises:
         CorruptBundleError: the file differs from the manifest (placed tensors then hold what was read).
+        InMemoryOverBudget: the items read into memory came to more than `in_memory_max` bytes (the read stops).
     """
+    in_memory = 0
     for item in items:
         _skip(read, item.start - read.position)
+        if find is not None and item.place is not None and item.layout is None:
+            item.layout = find(read, item.start, item.length, len(item.place))
+            item.guessed = item.layout is not None
         item.placed = item.layout is not None and item.place is not None and _read_placed(read, item)
         if not item.placed:
+            in_memory += item.length
+            if in_memory_max is not None and in_memory > in_memory_max:
+                raise InMemoryOverBudget(f"more than {in_memory_max} bytes of the file's items would go to memory")
             _read_rest(read, item)
     _skip(read, size - read.position + 1)  # one byte more: a longer file is noticed
     read.finish()
+    for item in items:
+        if item.placed and item.guessed and not confirmed(item):
+            item.placed = False  # every byte of it is in its pieces: it loads the common way from them
 
 
 def _skip(read: InOrderRead, count: int) -> None:

@@ -37,7 +37,18 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from rlckpt.errors import CorruptBundleError, RlckptError, ShardedCheckpointError, UncommittedBundleError
 from rlckpt.store import READ_BUFFERS, Bundle, BundleStore, FileEntry, VerifyKey, join_relpath, validate_relpath
 
-from ._direct import DIRECT_MIN, FileItem, Pieces, host_bytes, in_place, load_placed, locate, read_items
+from ._direct import (
+    DIRECT_MIN,
+    FileItem,
+    InMemoryOverBudget,
+    Pieces,
+    host_bytes,
+    in_place,
+    load_placed,
+    locate,
+    locate_head,
+    read_items,
+)
 from ._format import DEFAULT_PREFIX, METADATA_NAME, ViewStream, load_tensor_view
 from ._plan import BundleRef
 from ._safe_unpickle import VettedBytesPlanner, load_metadata
@@ -581,11 +592,11 @@ class BundleStorageReader(FileSystemReader):
 
     def _in_order_candidate(self, relpath: str, requests: list[ReadItem]) -> bool:
         """A file to read front to back at its turn, its large tensors straight into their tensors (_direct.py):
-        stored uncompressed, holding a plain tensor item of at least DIRECT_MIN bytes, where small reads are cheap
-        (local disk: on an object store each item's directory and small records would be requests of their own,
-        which on RGW cost more than the copy they spare)."""
+        stored uncompressed, holding a plain tensor item of at least DIRECT_MIN bytes, on a store that reads a held
+        file's pieces in order cheaply (local disk; S3, in one GET: on another object store each small read would
+        be a request of its own, which costs more than the copy it spares)."""
         entry = self.bundle.manifest.files.get(relpath)
-        if not self.bundle.backend.small_reads_cheap or entry is None or entry.compression is not None:
+        if not self.bundle.backend.streams_in_order or entry is None or entry.compression is not None:
             return False
         return any(self._placeable(request) for request in requests)
 
@@ -611,22 +622,34 @@ class BundleStorageReader(FileSystemReader):
         self, relpath: str, requests: list[ReadItem], places: dict[int, memoryview]
     ) -> list[tuple[int, FileItem]] | None:
         """The file read front to back (_direct.py): each item given a place whose file lays it out for it read
-        into that place, the others into memory; checked. None, having read nothing, when what goes into memory
-        would exceed READ_AHEAD_BYTES (the file is then read the common way)."""
+        into that place, the others into memory; checked. None when what goes into memory would exceed
+        READ_AHEAD_BYTES (the file is then read the common way): known before anything is read on local disk, where
+        each item's directory is peeked at first; on S3, where items are located as the read reaches them, it may
+        be known only partway (the placed tensors so far are then loaded again the common way)."""
         entry = self.bundle.manifest.files[relpath]
         order = sorted(range(len(requests)), key=lambda n: self.storage_data[requests[n].storage_index].offset)
         items: list[tuple[int, FileItem]] = []
+        peek_ends = self.bundle.backend.small_reads_cheap  # else each item is located as the read reaches it
         with self.bundle.read_in_order(relpath) as read:
             for n in order:
                 info = self.storage_data[requests[n].storage_index]
-                item = FileItem(info.offset, info.length)
-                if n in places:
-                    item.layout = locate(read, info.offset, info.length, len(places[n]))
-                    item.place = places[n] if item.layout is not None else None
+                item = FileItem(info.offset, info.length, place=places.get(n))
+                if peek_ends and item.place is not None:
+                    item.layout = locate(read, info.offset, info.length, len(item.place))
+                    item.place = item.place if item.layout is not None else None
                 items.append((n, item))
-            if sum(item.length for _n, item in items if item.layout is None) > READ_AHEAD_BYTES:
+            if sum(item.length for _n, item in items if item.place is None) > READ_AHEAD_BYTES:
                 return None
-            read_items(read, entry.size, [item for _n, item in items])
+            try:
+                read_items(
+                    read,
+                    entry.size,
+                    [item for _n, item in items],
+                    None if peek_ends else locate_head,
+                    READ_AHEAD_BYTES,
+                )
+            except InMemoryOverBudget:
+                return None  # items that were to be placed were not: the file is read the common way instead
         return items
 
     def _load_read_in_order(

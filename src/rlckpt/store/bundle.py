@@ -181,7 +181,7 @@ class Bundle:
         if len(view) < entry.size:
             raise ValueError(f"a buffer of {len(view)} bytes cannot hold {relpath} ({entry.size} bytes)")
         with InOrderRead(self, relpath, entry) as read:
-            got = read.into(view[: entry.size + 1])
+            got = read.into_at_once(view[: entry.size + 1])
             read.finish()
         return view[:got]
 
@@ -375,13 +375,27 @@ class InOrderRead:
         self.position += got
         return got
 
+    def into_at_once(self, view: memoryview) -> int:
+        """`into`, for a piece read in one go rather than as one of many: a read of its own, not the held file's
+        (on S3, parallel ranged GETs rather than one GET's stream)."""
+        if not len(view):
+            return 0
+        start = self.position
+        backend = self._bundle.backend
+        got = int(
+            self._bundle._stored(self._relpath, lambda path: backend.read_into(path, view, start, self._hasher.update))
+        )
+        self.position += got
+        return got
+
     def peek(self, start: int, end: int) -> bytes:
         """Bytes [start, end) of the stored file, NOT checked against the manifest and not hashed: only to find
         where things lie in the file (a zip archive's directory) before its pieces are read in order; never to
-        parse as data."""
+        parse as data. A peek just ahead of the read's position costs no request of its own on S3 (the held
+        stream reads ahead)."""
         held = self._held()
         out = bytearray(max(0, end - start))
-        got = int(self._bundle._stored(self._relpath, lambda _path: held.read_into(memoryview(out), start)))
+        got = int(self._bundle._stored(self._relpath, lambda _path: held.peek_into(memoryview(out), start)))
         return bytes(out[:got])
 
     def finish(self) -> None:

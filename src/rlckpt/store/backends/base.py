@@ -47,6 +47,10 @@ class HeldFile:
         """`Backend.read_into` of the held file."""
         return self._backend.read_into(self._path, view, start, on_chunk)
 
+    def peek_into(self, view: memoryview, start: int) -> int:
+        """Bytes from `start` into `view` without moving what `read_into` reads next (a look at what lies ahead)."""
+        return self.read_into(view, start)
+
     def close(self) -> None:
         """Let the file go (nothing to do unless the backend opened it)."""
 
@@ -82,6 +86,8 @@ class Backend(abc.ABC):
     local: ClassVar[bool] = False  # atomic directory rename (True) or marker-last in place (False)
     # a read of a few bytes costs a system call, not a request: a reader may look at a file's end before the file
     small_reads_cheap: ClassVar[bool] = False
+    # a held file's consecutive reads are one request (`hold`): a reader may read a file's pieces in order
+    streams_in_order: ClassVar[bool] = False
 
     def __init__(self, fs: Any, root: str) -> None:
         self.fs = fs

@@ -45,6 +45,7 @@ class LocalBackend(Backend):
 
     local = True
     small_reads_cheap = True
+    streams_in_order = True
 
     def __init__(self, fs: Any, root: str) -> None:
         super().__init__(fs, root)

@@ -10,7 +10,7 @@ from typing import Any
 
 from rlckpt.errors import StoreUnavailableError
 
-from .base import Listing, PendingWrite
+from .base import HeldFile, Listing, PendingWrite
 from .object_store import ObjectBackend
 from .s3_io import (
     PART_BUFFERS,
@@ -19,6 +19,7 @@ from .s3_io import (
     UPLOAD_SLOTS,
     PartBuffers,
     S3Upload,
+    StreamedObject,
     is_invalid_range,
     read_ranges,
 )
@@ -26,6 +27,8 @@ from .s3_io import (
 
 class S3Backend(ObjectBackend):
     """s3fs (possibly behind a wrapper that forwards its attributes)."""
+
+    streams_in_order = True
 
     def __init__(self, fs: Any, root: str) -> None:
         super().__init__(fs, root)
@@ -57,6 +60,10 @@ class S3Backend(ObjectBackend):
         """Ranged GETs of about `read_piece` bytes, `reads_in_flight` at once, straight into `view`; each piece is
         handed to `on_chunk` in order as it lands, while the next ones download."""
         return read_ranges(self.fs, path, view, start, on_chunk, self.read_piece, self.reads_in_flight)
+
+    def hold(self, path: str) -> HeldFile:
+        """`path` held for reads in order: one GET for all of them, kept open between them (StreamedObject)."""
+        return StreamedObject(self, path)
 
     # --- writing --------------------------------------------------------------------------------
     def open_write(self, path: str) -> S3Upload:

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any
 
-from .base import PendingWrite
+from .base import HeldFile, PendingWrite
 from .object_store import WRITE_BLOCK_SIZE
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,9 @@ READ_PIECE = WRITE_BLOCK_SIZE  # a read of a larger range is split into ranged G
 # shard file is one GET: through a proxy each request costs more than its bytes, 4 MiB pieces loaded 1 GiB in
 # 2.67 s against 2.36 s for whole files, on RGW through nginx; 2.04 s against 1.67 s direct) ...
 READS_IN_FLIGHT = 2  # ... this many of them at once (each streams into its place: no second copy held)
+STREAM_STEP = 4 << 20  # a held object's read hands its bytes on (to be hashed) this many at a time as they land
+PEEK_AHEAD_MAX = 64 << 10  # a peek this close ahead of a held object's stream reads ahead on it: no request
+STREAM_REOPENS = 2  # a held object's GET that breaks mid-body is reopened where it broke, this many times
 
 # What CompleteMultipartUpload needs of each part besides its number (as s3fs sends it).
 _PART_KEYS = ("ETag", "ChecksumSHA256")
@@ -439,3 +442,153 @@ def read_ranges(
         for future in futures:  # none may still write into `view` once this returns
             with contextlib.suppress(BaseException):
                 future.result()
+
+
+class StreamedObject(HeldFile):
+    """One S3 object held for reads in order (`S3Backend.hold`): consecutive reads are served by one GET of the rest
+    of the object, kept open between them, so a file read in many pieces (a reader placing tensors one by one) costs
+    one request, and no buffer of its size. A peek at most PEEK_AHEAD_MAX ahead of the stream reads ahead on it into
+    a small buffer, which the next reads take first; any other read or peek is a ranged GET of its own (the stream
+    then restarts where the next read asks). A GET that breaks mid-body is reopened where it broke.
+
+    Reads come from one thread at a time (the read's owner); each waits on the client's event loop."""
+
+    def __init__(self, backend: Any, path: str) -> None:
+        super().__init__(backend, path)
+        self._fs = backend.fs
+        self._body: Any = None  # the open GET's body, read on the client's loop
+        self._at = 0  # the offset of the next byte the body gives
+        self._ahead = bytearray()  # bytes the body gave before a read asked for them (a peek's)
+        self.requests = 0  # GETs this object's reads made (tests read it: one per file read in order)
+
+    @property
+    def position(self) -> int:
+        """The offset the stream's next read is served from without a request."""
+        return self._at - len(self._ahead)
+
+    def read_into(self, view: memoryview, start: int, on_chunk: Callable[[memoryview], object] | None = None) -> int:
+        if start != self.position or (self._body is None and not self._ahead):
+            self._restart(start)
+        got = self._take_ahead(view)
+        if on_chunk is not None and got:
+            on_chunk(view[:got])
+        while got < len(view):
+            step = view[got : got + STREAM_STEP]
+            n = self._from_body(step)
+            if n and on_chunk is not None:
+                on_chunk(step[:n])
+            got += n
+            if n < len(step):
+                break  # the object ends here
+        return got
+
+    def peek_into(self, view: memoryview, start: int) -> int:
+        end = start + len(view)
+        pos = self.position
+        if not (pos <= start and end - pos <= PEEK_AHEAD_MAX) or (self._body is None and start != pos):
+            self.requests += 1
+            return read_ranges(self._fs, self._path, view, start, None, max(1, len(view)), 1)
+        if self._body is None and not self._ahead:
+            self._restart(start)
+        while self._at < end:  # read ahead on the stream, keeping what it gives
+            more = bytearray(end - self._at)
+            n = self._from_body(memoryview(more))
+            self._ahead += more[:n]
+            if n < len(more):
+                break
+        lo = start - pos
+        got = max(0, min(len(self._ahead), end - pos) - lo)
+        view[:got] = self._ahead[lo : lo + got]
+        return got
+
+    def _take_ahead(self, view: memoryview) -> int:
+        n = min(len(view), len(self._ahead))
+        if n:
+            view[:n] = self._ahead[:n]
+            del self._ahead[:n]
+        return n
+
+    def _restart(self, start: int) -> None:
+        """Drop the stream; the next bytes come from a GET starting at `start` (opened when first read)."""
+        self._drop_body()
+        self._ahead = bytearray()
+        self._at = start
+
+    def _from_body(self, target: memoryview) -> int:
+        """Fill `target` from the stream at `_at` (opening it there first), reopening it where a read broke;
+        fewer bytes at the end of the object."""
+        got = 0
+        for attempt in range(STREAM_REOPENS + 1):
+            try:
+                if self._body is None:
+                    self.requests += 1
+                    self._body = _on_loop(self._fs, _open_from(self._fs, self._path, self._at)).result()
+                    if self._body is None:  # at or past the end of the object
+                        return got
+                n = _on_loop(self._fs, _fill(self._body, target[got:])).result()
+                got += n
+                self._at += n
+                return got
+            except _BodyBroke as broke:
+                got += broke.got
+                self._at += broke.got
+                self._drop_body()
+                if attempt == STREAM_REOPENS:
+                    raise OSError(f"the GET of {self._path} broke at byte {self._at}: {broke.cause}") from broke.cause
+                log.info("the GET of %s broke at byte %d (%s); reopening it there", self._path, self._at, broke.cause)
+        return got
+
+    def _drop_body(self) -> None:
+        body, self._body = self._body, None
+        if body is not None:
+            _on_loop(self._fs, _close(body)).result()
+
+    def close(self) -> None:
+        self._restart(self._at)
+
+
+class _BodyBroke(Exception):
+    """A body read failed after `got` bytes had landed."""
+
+    def __init__(self, got: int, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.got = got
+        self.cause = cause
+
+
+async def _open_from(fs: Any, path: str, start: int) -> Any:
+    """The body of a GET of `path` from byte `start` to its end (s3fs's retries and error translation); None when
+    `start` is at or past the end."""
+    from s3fs.core import _error_wrapper, version_id_kw
+
+    bucket, key, version = fs.split_path(path)
+
+    async def get() -> Any:
+        ranged = {"Range": f"bytes={start}-", **version_id_kw(version)}
+        answer = await fs._call_s3("get_object", Bucket=bucket, Key=key, **ranged)
+        return answer["Body"]
+
+    try:
+        return await _error_wrapper(get, retries=fs.retries)
+    except OSError as exc:
+        if is_invalid_range(exc):
+            return None
+        raise
+
+
+async def _fill(body: Any, target: memoryview) -> int:
+    """`target` filled from `body` as it arrives (fewer at its end); _BodyBroke if the body fails midway."""
+    got = 0
+    try:
+        while got < len(target):
+            n = await body.readinto(target[got:])
+            if n == 0:
+                break
+            got += n
+    except Exception as exc:
+        raise _BodyBroke(got, exc) from exc
+    return got
+
+
+async def _close(body: Any) -> None:
+    body.close()
