@@ -152,6 +152,24 @@ def test_on_s3_a_get_that_breaks_midway_is_reopened_where_it_broke(s3_run_url, s
     assert [obj.requests for obj in held] == [2]
 
 
+def test_on_s3_a_get_that_gives_nothing_fails_the_load_without_reopening_it(s3_run_url, s3_storage_options, pool, held):
+    """A silent server (the body times out before its first byte) is not asked again and again: one GET, and the
+    load fails naming the file, within the deadline of one request."""
+    saved(s3_run_url, s3_storage_options)
+    rel = big_file(s3_run_url, s3_storage_options)
+
+    async def silent(body: Any, target: memoryview) -> int:
+        raise s3_io._BodyBroke(0, TimeoutError("read timeout"))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(s3_io, "_fill", silent)
+        with pytest.raises(dcp.CheckpointException) as excinfo:
+            load(s3_run_url, s3_storage_options, {"big": torch.zeros(*BIG), "bias": torch.zeros(10)})
+
+    assert [obj.requests for obj in held] == [1]
+    assert any(rel.split("/")[-1] in str(err) for err, _tb in excinfo.value.failures.values()), excinfo.value.failures
+
+
 def test_on_s3_a_placement_its_directory_does_not_confirm_loads_the_common_way(s3_run_url, s3_storage_options, pool):
     """On S3 where a tensor lies is guessed from the item's first bytes; a guess the item's own directory does not
     confirm once the file checked out (here: the pickle's record taken for the tensor's) is not trusted: the item

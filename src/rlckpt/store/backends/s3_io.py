@@ -38,7 +38,7 @@ READ_PIECE = WRITE_BLOCK_SIZE  # a read of a larger range is split into ranged G
 READS_IN_FLIGHT = 2  # ... this many of them at once (each streams into its place: no second copy held)
 STREAM_STEP = 4 << 20  # a held object's read hands its bytes on (to be hashed) this many at a time as they land
 PEEK_AHEAD_MAX = 64 << 10  # a peek this close ahead of a held object's stream reads ahead on it: no request
-STREAM_REOPENS = 2  # a held object's GET that breaks mid-body is reopened where it broke, this many times
+STREAM_REOPENS = 2  # a held object's GET that breaks after giving bytes is reopened where it broke, this many times
 
 # What CompleteMultipartUpload needs of each part besides its number (as s3fs sends it).
 _PART_KEYS = ("ETag", "ChecksumSHA256")
@@ -449,7 +449,8 @@ class StreamedObject(HeldFile):
     of the object, kept open between them, so a file read in many pieces (a reader placing tensors one by one) costs
     one request, and no buffer of its size. A peek at most PEEK_AHEAD_MAX ahead of the stream reads ahead on it into
     a small buffer, which the next reads take first; any other read or peek is a ranged GET of its own (the stream
-    then restarts where the next read asks). A GET that breaks mid-body is reopened where it broke.
+    then restarts where the next read asks). A GET that breaks after giving bytes is reopened where it broke; one
+    that gives none (a silent server) fails the read.
 
     Reads come from one thread at a time (the read's owner); each waits on the client's event loop."""
 
@@ -533,7 +534,8 @@ class StreamedObject(HeldFile):
                 got += broke.got
                 self._at += broke.got
                 self._drop_body()
-                if attempt == STREAM_REOPENS:
+                if attempt == STREAM_REOPENS or not broke.got:  # a body that gives nothing is not retried: a
+                    # silent server is refused within the deadline of one GET (location.py), not three
                     raise OSError(f"the GET of {self._path} broke at byte {self._at}: {broke.cause}") from broke.cause
                 log.info("the GET of %s broke at byte %d (%s); reopening it there", self._path, self._at, broke.cause)
         return got
