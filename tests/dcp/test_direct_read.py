@@ -120,10 +120,19 @@ def test_on_s3_a_file_read_into_its_tensors_is_one_get(s3_run_url, s3_storage_op
     from piece to piece: no request per piece, and no buffer of the file's size."""
     state = saved(s3_run_url, s3_storage_options)
     into = {"big": torch.zeros(*BIG), "bias": torch.zeros(10)}
+    placed: list[object] = []
+    real_load_placed = reader_module.load_placed
 
-    load(s3_run_url, s3_storage_options, into)
+    def spied(item: Any) -> torch.Tensor:
+        placed.append(item)
+        return real_load_placed(item)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(reader_module, "load_placed", spied)
+        load(s3_run_url, s3_storage_options, into)
 
     assert torch.equal(into["big"], state["big"])
+    assert len(placed) == 1  # loaded where it landed: its guessed place was confirmed
     assert [obj.requests for obj in held] == [1]  # the small item's file is fetched whole, as ever, not held
     assert pool.peak_lent <= 1 << 20
 
