@@ -38,6 +38,20 @@ def pool(monkeypatch) -> BufferPool:
     return pool
 
 
+@pytest.fixture
+def placed_loads(monkeypatch) -> list[object]:
+    """The items loaded where their tensor's bytes landed (not copied there from memory)."""
+    placed: list[object] = []
+    real = reader_module.load_placed
+
+    def spied(item: Any) -> torch.Tensor:
+        placed.append(item)
+        return real(item)
+
+    monkeypatch.setattr(reader_module, "load_placed", spied)
+    return placed
+
+
 def saved(url: str, options: dict | None) -> dict[str, torch.Tensor]:
     state = {"big": torch.randn(*BIG, generator=torch.Generator().manual_seed(0)), "bias": torch.arange(10.0)}
     dcp.save(state, storage_writer=BundleStorageWriter(url, step=1, storage_options=options), no_dist=True)
@@ -65,7 +79,7 @@ def load_refused(url: str, options: dict | None) -> CorruptBundleError:
     return found[0]
 
 
-def test_a_single_tensor_file_loads_into_its_tensor_without_a_buffer_of_its_size(store_location, pool):
+def test_a_single_tensor_file_loads_into_its_tensor_without_a_buffer_of_its_size(store_location, pool, placed_loads):
     url, options = store_location
     state = saved(url, options)
     into = {"big": torch.zeros(*BIG), "bias": torch.zeros(10)}
@@ -75,6 +89,7 @@ def test_a_single_tensor_file_loads_into_its_tensor_without_a_buffer_of_its_size
 
     assert torch.equal(into["big"], state["big"]) and torch.equal(into["bias"], state["bias"])
     assert into["big"].data_ptr() == place
+    assert len(placed_loads) == 1  # loaded where its bytes landed
     assert pool.peak_lent <= 1 << 20  # the small item's file only; the 3 MiB file took no buffer
     assert pool.lent_bytes == 0
 
@@ -115,24 +130,16 @@ def held(monkeypatch) -> list[StreamedObject]:
     return made
 
 
-def test_on_s3_a_file_read_into_its_tensors_is_one_get(s3_run_url, s3_storage_options, pool, held):
+def test_on_s3_a_file_read_into_its_tensors_is_one_get(s3_run_url, s3_storage_options, pool, held, placed_loads):
     """Its small records, its tensor's bytes and the look at where they lie are all read off one GET, kept open
     from piece to piece: no request per piece, and no buffer of the file's size."""
     state = saved(s3_run_url, s3_storage_options)
     into = {"big": torch.zeros(*BIG), "bias": torch.zeros(10)}
-    placed: list[object] = []
-    real_load_placed = reader_module.load_placed
 
-    def spied(item: Any) -> torch.Tensor:
-        placed.append(item)
-        return real_load_placed(item)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(reader_module, "load_placed", spied)
-        load(s3_run_url, s3_storage_options, into)
+    load(s3_run_url, s3_storage_options, into)
 
     assert torch.equal(into["big"], state["big"])
-    assert len(placed) == 1  # loaded where it landed: its guessed place was confirmed
+    assert len(placed_loads) == 1  # loaded where it landed: its guessed place was confirmed
     assert [obj.requests for obj in held] == [1]  # the small item's file is fetched whole, as ever, not held
     assert pool.peak_lent <= 1 << 20
 
