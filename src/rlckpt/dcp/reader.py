@@ -636,7 +636,8 @@ class BundleStorageReader(FileSystemReader):
                 item = FileItem(info.offset, info.length, place=places.get(n))
                 if peek_ends and item.place is not None:
                     item.layout = locate(read, info.offset, info.length, len(item.place))
-                    item.place = item.place if item.layout is not None else None
+                    if item.layout is None:
+                        item.place = None
                 items.append((n, item))
             if sum(item.length for _n, item in items if item.place is None) > READ_AHEAD_BYTES:
                 return None

@@ -369,22 +369,21 @@ class InOrderRead:
         """Read the next `len(view)` bytes (or what is left) into `view`; how many came."""
         if not len(view):
             return 0
-        start = self.position
         held = self._held()
-        got = int(self._bundle._stored(self._relpath, lambda _path: held.read_into(view, start, self._hasher.update)))
-        self.position += got
-        return got
+        return self._next_into(view, lambda _path, start: held.read_into(view, start, self._hasher.update))
 
     def into_at_once(self, view: memoryview) -> int:
         """`into`, for a piece read in one go rather than as one of many: a read of its own, not the held file's
         (on S3, parallel ranged GETs rather than one GET's stream)."""
         if not len(view):
             return 0
-        start = self.position
         backend = self._bundle.backend
-        got = int(
-            self._bundle._stored(self._relpath, lambda path: backend.read_into(path, view, start, self._hasher.update))
-        )
+        return self._next_into(view, lambda path, start: backend.read_into(path, view, start, self._hasher.update))
+
+    def _next_into(self, view: memoryview, read: Callable[[str, int], int]) -> int:
+        """`read(path, start)` of the file's next bytes into `view` (hashed by `read`), past them afterwards."""
+        start = self.position
+        got = int(self._bundle._stored(self._relpath, lambda path: read(path, start)))
         self.position += got
         return got
 

@@ -468,7 +468,7 @@ class StreamedObject(HeldFile):
         return self._at - len(self._ahead)
 
     def read_into(self, view: memoryview, start: int, on_chunk: Callable[[memoryview], object] | None = None) -> int:
-        if start != self.position or (self._body is None and not self._ahead):
+        if start != self.position:
             self._restart(start)
         got = self._take_ahead(view)
         if on_chunk is not None and got:
@@ -486,11 +486,9 @@ class StreamedObject(HeldFile):
     def peek_into(self, view: memoryview, start: int) -> int:
         end = start + len(view)
         pos = self.position
-        if not (pos <= start and end - pos <= PEEK_AHEAD_MAX) or (self._body is None and start != pos):
+        if not (pos <= start and end - pos <= PEEK_AHEAD_MAX):
             self.requests += 1
             return read_ranges(self._fs, self._path, view, start, None, max(1, len(view)), 1)
-        if self._body is None and not self._ahead:
-            self._restart(start)
         while self._at < end:  # read ahead on the stream, keeping what it gives
             more = bytearray(end - self._at)
             n = self._from_body(memoryview(more))
