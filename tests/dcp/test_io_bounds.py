@@ -18,6 +18,7 @@ from rlckpt.dcp import reader as reader_module
 from rlckpt.dcp._format import DEFAULT_MAX_SHARD_BYTES, ITEM_FRAMING_BYTES, load_tensor_view, shard_plan
 from rlckpt.store import WRITE_BLOCK_SIZE, BufferPool, BundleStore
 from rlckpt.testing.dcp_ranks import bitwise_equal, flat_tensors, plain_policy, policy_state, quiet_dcp_warnings
+from rlckpt.testing.faults import FaultPlan, FaultyFileSystem
 
 quiet_dcp_warnings()
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -56,6 +57,26 @@ def test_an_item_larger_than_the_cap_gets_a_file_of_its_own_and_thread_count_sti
     files = shard_plan("__0_", items, thread_count=2)
     buckets = sorted(sorted(wi.index.fqn for wi in bucket) for _name, bucket in files)
     assert buckets == [["a", "b"], ["huge"]]
+
+
+def test_the_shard_file_of_one_tensor_of_the_write_block_size_is_one_put(s3_run_url, s3_storage_options):
+    """A 16 MiB tensor (a common size) gets a file of its own: 16 MiB plus its framing. That file goes up as one
+    PUT, not as a multipart upload of a 16 MiB part and a part of a few framing bytes (four requests, the writer
+    waiting on the first)."""
+    plan = FaultPlan()
+    real = BundleStore(s3_run_url, s3_storage_options).fs
+    store = BundleStore(s3_run_url, s3_storage_options, fs=FaultyFileSystem(real, plan))
+    state = {"w": torch.rand(WRITE_BLOCK_SIZE // 4, generator=torch.Generator().manual_seed(0))}
+    plan.calls.clear()
+    dcp.save(state, storage_writer=BundleStorageWriter(store, step=1))
+    uploads = [call.split(":", 1)[1] for call in plan.calls if call.startswith("_call_s3:")]
+    assert "create_multipart_upload" not in uploads and "upload_part" not in uploads
+    bundle = store.open(1)
+    shard = [entry for name, entry in bundle.manifest.files.items() if name.endswith(".distcp")]
+    assert len(shard) == 1 and shard[0].size > WRITE_BLOCK_SIZE
+    loaded = {"w": torch.zeros_like(state["w"])}
+    dcp.load(loaded, storage_reader=BundleStorageReader(s3_run_url, step=1, storage_options=s3_storage_options))
+    assert torch.equal(loaded["w"], state["w"])
 
 
 def test_every_saved_shard_file_of_several_items_is_within_max_shard_bytes(store_location):

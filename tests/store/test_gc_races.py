@@ -7,6 +7,7 @@ import pytest
 
 from rlckpt.errors import BundleExistsError, LostWriteError, ParticipantError
 from rlckpt.store import BundleStore
+from rlckpt.store.backends.s3_io import PART_SIZE
 from rlckpt.store.gc import GarbageCollector
 from rlckpt.testing.pause import Background, PauseAt
 from rlckpt.testing.store_checks import debris, plant, save_sample
@@ -198,7 +199,7 @@ def test_upload_aborted_behind_the_writers_back_is_a_lost_write(s3_run_url, s3_s
     store = BundleStore(s3_run_url, s3_storage_options)
     txn = store.begin(2)
     stream = txn.open("big.bin")
-    stream.write(b"x" * ((16 << 20) + 1))  # one part more than fits one PUT: its multipart upload has begun
+    stream.write(b"x" * (PART_SIZE + 1))  # one byte more than fits one PUT: its multipart upload has begun
     for key, upload_id in store.backend.incomplete_uploads():
         store.backend.abort_upload(key, upload_id)
     with pytest.raises(LostWriteError, match="big.bin.*NoSuchUpload"):

@@ -29,7 +29,10 @@ from .object_store import WRITE_BLOCK_SIZE
 
 log = logging.getLogger(__name__)
 
-PART_SIZE = WRITE_BLOCK_SIZE  # a file up to this size is one PUT; a larger one is uploaded in parts of this size
+FRAMING_SLACK = 256 << 10  # a file this far past WRITE_BLOCK_SIZE is still one PUT: a shard file of one 16 MiB tensor
+# (a common size) is 16 MiB plus about 1.5 KiB of zip framing. With parts of exactly 16 MiB it was a multipart upload
+# of four requests (create, a 16 MiB part, a 1.5 KiB part, complete), the writer waiting on the create.
+PART_SIZE = WRITE_BLOCK_SIZE + FRAMING_SLACK  # a file up to this size is one PUT; a larger one goes in parts this size
 SMALL_FILE = 1 << 20  # a file's first bytes go to a small buffer that grows; a part buffer only beyond this
 UPLOADS_IN_FLIGHT = 4  # PUTs and parts in flight per process (a trainer rank): 4 x PART_SIZE at most
 READ_PIECE = WRITE_BLOCK_SIZE  # a read of a larger range is split into ranged GETs of about this size (a
