@@ -49,7 +49,8 @@ FAIL_FAST_S3FS_RETRIES = S3FS_RETRIES
 
 # What rlckpt's S3 client does unless the caller's `config_kwargs` say otherwise: no SHA-256 of every payload
 # byte for the request's signature. botocore signs payloads only over plain http; over https it relies on the
-# checksum header, as here (CRC32 per request, and the BLAKE3 digest of every file checked on every read).
+# checksum header, as here (CRC32C per upload request, s3_checksums.py; the BLAKE3 digest of every file checked on
+# every read).
 # Over http that hash ran on the client's one event-loop thread and halved upload throughput (80 -> 145 MiB/s
 # to Ceph RGW on loopback, one stream).
 S3_CLIENT_DEFAULTS: dict[str, Any] = {"s3": {"payload_signing_enabled": False}}

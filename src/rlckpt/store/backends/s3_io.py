@@ -26,6 +26,7 @@ from typing import Any
 
 from .base import HeldFile, PendingWrite
 from .object_store import WRITE_BLOCK_SIZE
+from .s3_checksums import body_checksum
 
 log = logging.getLogger(__name__)
 
@@ -120,10 +121,11 @@ PART_BUFFERS = PartBuffers(PART_SIZE, max_idle=UPLOADS_IN_FLIGHT + 1)  # the mos
 
 class PartBody:
     """A request body sent from the part buffer it views, never copied whole: botocore reads it as a file (its
-    length and CRC32), and aiohttp sends it as an async iterable of SLICE-sized views. A bytearray body was
-    copied whole up to three times on the client's loop thread, each a fresh allocation of the part's size
-    while in flight (py3.11 aiohttp: cut to its length, joined with the headers, its unsent rest buffered).
-    Its bytes must not change until the request has ended (the buffer returns to the pool only then)."""
+    length; its CRC32 only when the request carries no checksum of ours), and aiohttp sends it as an async
+    iterable of SLICE-sized views. A bytearray body was copied whole up to three times on the client's loop
+    thread, each a fresh allocation of the part's size while in flight (py3.11 aiohttp: cut to its length,
+    joined with the headers, its unsent rest buffered). Its bytes must not change until the request has ended
+    (the buffer returns to the pool only then)."""
 
     SLICE = 1 << 20
 
@@ -251,10 +253,11 @@ class S3Upload:
         self._parts.append(self._send(buf, filled, "upload_part", UploadId=self._upload_id, PartNumber=number))
 
     def _send(self, buf: bytearray, filled: int, method: str, **kwargs: Any) -> Future[Any]:
-        """Request `method` with body `buf[:filled]`, sent from the buffer itself (PartBody); `buf` goes back to
-        the pool once the request ended."""
+        """Request `method` with body `buf[:filled]`, sent from the buffer itself (PartBody) with its checksum
+        computed here, off the event loop (s3_checksums); `buf` goes back to the pool once the request ended."""
         try:
-            request = self._request(method, Body=PartBody(memoryview(buf)[:filled]), **kwargs)
+            body = memoryview(buf)[:filled]
+            request = self._request(method, Body=PartBody(body), **body_checksum(self.fs, body), **kwargs)
         except BaseException:
             self._buffers.give(buf)
             raise
@@ -272,7 +275,7 @@ class S3Upload:
         try:
             if self._upload_id is None and self._part is None:
                 body, self._small = self._small, bytearray()
-                self._single = self._request("put_object", Body=body)
+                self._single = self._request("put_object", Body=body, **body_checksum(self.fs, body))
             elif self._upload_id is None:
                 part, self._part = self._part, None
                 assert part is not None
