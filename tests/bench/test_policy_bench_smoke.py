@@ -64,15 +64,18 @@ def test_policy_bench_measures_every_system_verifies_every_load_and_writes_its_r
 
 def test_the_full_matrix_command_line_is_accepted():
     """The command the lead runs on a quiet machine (docs/benchmarks.md), parsed as given."""
+    import shlex
+
     command = (
         "bench policy --sizes 256,1024,2048 --ranks 1,2,4 --destinations local,moto,rgw,rgw-proxy "
-        "--rgw-endpoint http://127.0.0.1:7480 --repeats 3"
+        "--rgw-endpoint http://127.0.0.1:7480 --rgw-reclaim 'bash scripts/rgw.sh gc' --repeats 3"
     )
-    args = build_parser().parse_args(command.split(" "))
-    assert (args.sizes, args.ranks, args.destinations) == (
+    args = build_parser().parse_args(shlex.split(command))
+    assert (args.sizes, args.ranks, args.destinations, args.rgw_reclaim) == (
         [256.0, 1024.0, 2048.0],
         [1, 2, 4],
         ["local", "moto", "rgw", "rgw-proxy"],
+        "bash scripts/rgw.sh gc",
     )
 
 
@@ -211,6 +214,51 @@ def test_removing_what_a_failed_save_never_wrote_still_meets_the_other_ranks(tmp
     job = policy.DestinationJob(dest.name, dest.run_url("policy"), dest.run_url("peers"), dest.storage_options)
     policy._Systems(job, 1).remove(FSSPEC, 7, rank)
     assert met == [rank]
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_the_servers_reclaim_command_runs_on_rank_0_after_each_removal_before_the_ranks_meet(
+    tmp_path, s3_endpoint, monkeypatch, rank
+):
+    """RGW frees deleted objects in a garbage collector that otherwise ran during the next measurement: the
+    command that runs it now must run after the removal and before every rank goes on (the barrier), once."""
+    import sys
+
+    import torch.distributed as dist
+
+    from rlckpt.bench import policy
+
+    log = tmp_path / "reclaimed"
+    at_barrier: list[str] = []
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: at_barrier.append(log.read_text() if log.exists() else ""))
+    dest = s3_destination("s3-moto", s3_endpoint)
+    command = f"{sys.executable} -c \"open({str(log)!r}, 'a').write('x')\""
+    job = policy.DestinationJob(
+        dest.name, dest.run_url("policy"), dest.run_url("peers"), dest.storage_options, reclaim_command=command
+    )
+    systems = policy._Systems(job, 1)
+    systems.remove(FSSPEC, 7, rank)
+    systems.remove(FSSPEC, 8, rank)
+    assert at_barrier == (["x", "xx"] if rank == 0 else ["", ""])
+
+
+def test_a_reclaim_command_that_fails_is_logged_and_the_sweep_goes_on(tmp_path, s3_endpoint, monkeypatch, caplog):
+    import torch.distributed as dist
+
+    from rlckpt.bench import policy
+
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: None)
+    dest = s3_destination("s3-moto", s3_endpoint)
+    job = policy.DestinationJob(
+        dest.name,
+        dest.run_url("policy"),
+        dest.run_url("peers"),
+        dest.storage_options,
+        reclaim_command=str(tmp_path / "no-such-command"),
+    )
+    with caplog.at_level("WARNING", logger=policy.__name__):
+        policy._Systems(job, 1).remove(FSSPEC, 7, 0)
+    assert "no-such-command" in caplog.text
 
 
 def test_a_peer_save_through_the_proxy_is_shown_but_not_compared_and_its_direct_load_is():

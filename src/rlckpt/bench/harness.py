@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import platform
+import shlex
 import shutil
 import sys
 import tempfile
@@ -77,7 +78,7 @@ def run_metadata(command: list[str]) -> dict[str, Any]:
     except Exception:
         tq_version = "unknown"
     return {
-        "command": " ".join(command),
+        "command": shlex.join(command),  # quoted: it can be pasted back
         "git_commit": _git_commit(),
         "load_average_1m": os.getloadavg()[0],
         "row_parser": "numpy (TransferQueueClient default)",

@@ -37,8 +37,10 @@ import json
 import logging
 import math
 import os
+import shlex
 import shutil
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -59,6 +61,7 @@ LABELS = {
     S3TC: "s3torchconnector.dcp",
 }
 S3TC_REGION = "us-east-1"
+RECLAIM_TIMEOUT_S = 120.0  # a reclaim command taking longer is given up on (and logged)
 MEMORY_FLAT_MIB = 64.0  # local load: rlckpt's extra memory may grow by at most this much from the smallest size up
 
 
@@ -106,6 +109,7 @@ class PolicyBenchConfig:
     verify: bool = True
     thread_count: int = 1  # writer threads per rank, the same for every system (DCP's default is 1)
     warm_up: bool = True  # an untimed save + load of every system at each size before its repeats
+    rgw_reclaim: str | None = None  # run after each removal from RGW (DestinationJob.reclaim_command)
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,8 @@ class DestinationJob:
     """Where one destination's saves go: the rlckpt run, the other systems' checkpoint root (a dir or s3:// URL),
     and for S3 the endpoint and credentials the connector's own client needs. `skip` names systems not run
     here, with the reason. `s3tc_save_options`: the connector saves through these (the ETag proxy before the
-    same server) and loads from `storage_options`, so its load is measured where rlckpt's is."""
+    same server) and loads from `storage_options`, so its load is measured where rlckpt's is. `reclaim_command`:
+    run (untimed) after each removal of a measured checkpoint, so the server frees it before the next one."""
 
     destination: str
     run_url: str
@@ -121,6 +126,7 @@ class DestinationJob:
     storage_options: dict[str, Any] | None
     skip: dict[str, str] = field(default_factory=dict)
     s3tc_save_options: dict[str, Any] | None = None
+    reclaim_command: str | None = None
 
     @property
     def kind(self) -> str:
@@ -381,6 +387,8 @@ class _Systems:
 
         if rank == 0:
             self._drop(self.where(system, k))
+            if self.dest.reclaim_command:
+                _reclaim(self.dest.reclaim_command)
         dist.barrier()
 
     def _drop(self, where: str) -> None:
@@ -395,6 +403,20 @@ class _Systems:
             pass
         except Exception as exc:
             logger.warning("could not remove the measured checkpoint %s: %s", where, exc)
+
+
+def _reclaim(command: str) -> None:
+    """Run the server's reclaim command (e.g. `bash scripts/rgw.sh gc`): Ceph RGW frees deleted objects in its
+    garbage collector, every 10 s as scripts/rgw.sh sets it, which otherwise ran in the middle of the next
+    measurement (a 1 GiB save swung 3.5-7.9 s; 3.4-3.6 s with the collector run to completion before each). A
+    failure is logged: it costs the measurement's steadiness, not its result."""
+    try:
+        done = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=RECLAIM_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        logger.warning("reclaim command %r failed: %s", command, exc)
+        return
+    if done.returncode != 0:
+        logger.warning("reclaim command %r exited %d: %s", command, done.returncode, done.stderr.strip()[-300:])
 
 
 def _own_shards(path: str, rank: int) -> list[bytes]:
@@ -623,9 +645,11 @@ def run_sweep(
     timeout: float = 3600.0,
     skip: dict[str, dict[str, str]] | None = None,
     on_failure: Callable[[int, Exception], None] | None = None,
+    reclaim: dict[str, str] | None = None,
 ) -> list[PointResult]:
     """One spawn per rank count; every destination, size and repeat inside it. `skip`: per destination name,
-    systems not to run there and why (the connector is skipped everywhere when it is not installed).
+    systems not to run there and why (the connector is skipped everywhere when it is not installed). `reclaim`:
+    per destination name, a command run after each removal (DestinationJob.reclaim_command).
     `on_points` gets each spawn's points as it ends (a long sweep keeps what it measured); a spawn that fails
     raises, or with `on_failure` is reported to it and the sweep goes on with the next rank count."""
     from rlckpt.testing.dcp_ranks import run_ranks
@@ -646,6 +670,7 @@ def run_sweep(
                     d.storage_options,
                     reasons,
                     d.s3tc_save_options,
+                    (reclaim or {}).get(d.name),
                 )
             )
         job = RankJob(

@@ -87,7 +87,7 @@ examples:
   rlckpt bench policy --sizes 64 --ranks 2 --destinations moto --repeats 2
   bash scripts/rgw.sh start                               # then the full matrix (a quiet machine, ~hours):
   rlckpt bench policy --sizes 256,1024,2048 --ranks 1,2,4 --destinations local,moto,rgw,rgw-proxy \\
-      --rgw-endpoint http://127.0.0.1:7480 --repeats 3
+      --rgw-endpoint http://127.0.0.1:7480 --rgw-reclaim 'bash scripts/rgw.sh gc' --repeats 3
   rlckpt bench policy --quick --out /tmp/policy_smoke.json   # tiny, for a smoke run
 """
 
@@ -285,6 +285,15 @@ def _add_policy(sub: Any) -> None:
     )
     p.add_argument(
         "--rgw-secret", default="testing", metavar="SECRET", help="secret key for --rgw-endpoint (default testing)"
+    )
+    p.add_argument(
+        "--rgw-reclaim",
+        default=None,
+        metavar="COMMAND",
+        help=(
+            "run COMMAND (untimed) after each measured checkpoint is removed from RGW, so the server frees it "
+            "before the next measurement rather than during it, e.g. 'bash scripts/rgw.sh gc'"
+        ),
     )
     p.add_argument(
         "--repeats", type=int, default=3, metavar="N", help="save+load repetitions of each system per point (default 3)"
@@ -712,6 +721,8 @@ def run_policy(args: argparse.Namespace) -> int:
             )
         if names & {"rgw", "rgw-proxy"} and not args.rgw_endpoint:
             raise SystemExit("rlckpt bench policy: destination rgw needs --rgw-endpoint URL (scripts/rgw.sh start)")
+        if args.rgw_reclaim and not args.rgw_endpoint:
+            raise SystemExit("rlckpt bench policy: --rgw-reclaim runs after removals from RGW: it needs --rgw-endpoint")
         config = PolicyBenchConfig(
             sizes_mib=[2.0] if args.quick else args.sizes,
             ranks=[1, 2] if args.quick else args.ranks,
@@ -719,8 +730,14 @@ def run_policy(args: argparse.Namespace) -> int:
             verify=not args.no_verify,
             thread_count=args.thread_count,
             warm_up=not args.no_warm_up,
+            rgw_reclaim=args.rgw_reclaim,
         )
-        config_doc = {"thread_count": config.thread_count, "repeats": config.repeats, "warm_up": config.warm_up}
+        config_doc = {
+            "thread_count": config.thread_count,
+            "repeats": config.repeats,
+            "warm_up": config.warm_up,
+            "rgw_reclaim": config.rgw_reclaim,
+        }
         meta = run_metadata(_command_line())
         digests = measure_digests(mib=4 if args.quick else 256)
         print(digest_table(digests), file=sys.stderr)
@@ -764,6 +781,7 @@ def run_policy(args: argparse.Namespace) -> int:
                 tempfile.mkdtemp(prefix="rlckpt-policy-bench-", dir=dests.scratch),
                 on_points=keep,
                 on_failure=lost,
+                reclaim={d.name: config.rgw_reclaim for d in chosen if config.rgw_reclaim and "rgw" in d.name},
             )
         meta["load_average_1m_end"] = os.getloadavg()[0]
         meta["not_measured"] = failed
@@ -771,6 +789,11 @@ def run_policy(args: argparse.Namespace) -> int:
     settings = (
         f"Medians of {config_doc.get('repeats')} repeats"
         + (", after an untimed save and load of each system at each size" if config_doc.get("warm_up") else "")
+        + (
+            f"; after each removal from RGW, `{config_doc['rgw_reclaim']}` freed it (untimed)"
+            if config_doc.get("rgw_reclaim")
+            else ""
+        )
         + "; writer threads per rank: "
         f"{config_doc.get('thread_count', 1)} for every system. rlckpt: standalone BundleStorageWriter/"
         "BundleStorageReader (BLAKE3 of every file as it passes, fsync on local disk, one commit). Local disk: DCP's "
