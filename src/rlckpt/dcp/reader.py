@@ -65,6 +65,14 @@ IN_MEMORY_MAX = 64 << 20
 # the current one. A single file larger than this is held alone.
 READ_AHEAD_BYTES = 48 << 20
 
+# Shard files a rank fetches at once, by default. On local disk 3 keep the next files' reads and digests beside
+# loading the current one. An object store serves each file as one streamed GET, whose rate a relay or a
+# distant server bounds per stream: more at once load faster there, at no cost in memory (a streamed file's
+# tensors land in place; what it holds besides counts against READ_AHEAD_BYTES as before). 1 GiB on one rank
+# through RGW's ETag proxy: 2.42 s with 3, 2.20 s with 6, 2.07 s with 10; direct 1.14-1.15 s with each.
+FETCH_WORKERS_LOCAL = 3
+FETCH_WORKERS_OBJECT_STORE = 8
+
 
 class _BufferStream(ViewStream):
     """A read-only, seekable stream over checked bytes in a pooled buffer (torch reads it with readinto:
@@ -347,7 +355,7 @@ class BundleStorageReader(FileSystemReader):
         *,
         storage_options: dict[str, Any] | None = None,
         prefix: str = DEFAULT_PREFIX,
-        fetch_workers: int = 3,
+        fetch_workers: int | None = None,
         spool_dir: str | os.PathLike[str] | None = None,
         verify_key: VerifyKey | str | os.PathLike[str] | None = None,
         run_id: str | None = None,
@@ -361,7 +369,8 @@ class BundleStorageReader(FileSystemReader):
             storage_options: fsspec options for a URL source.
             prefix: the checkpoint's directory inside the bundle ("" for the bundle root).
             fetch_workers: shard files each rank fetches (and digest-checks) at once, ahead of loading,
-                within READ_AHEAD_BYTES (3: on RGW, 1 GiB loaded in 1.48 s against 1.55 s with 2).
+                within READ_AHEAD_BYTES; None: FETCH_WORKERS_LOCAL (3) on local disk, FETCH_WORKERS_OBJECT_STORE
+                (8) on an object store, whose streamed GETs load faster several at once.
             spool_dir: where a load keeps checked copies of shard files above 64 MiB (smaller ones are
                 held in memory), a few at a time (default: the system temp dir).
             verify_key: a VerifyKey (or its file) for a URL source: the bundle must be one it signed for
@@ -515,8 +524,11 @@ class BundleStorageReader(FileSystemReader):
             for rel, requests in per_file.items()
             if self._in_order_candidate(rel, requests)
         }
+        workers = self.fetch_workers
+        if workers is None:
+            workers = FETCH_WORKERS_LOCAL if self.bundle.backend.local else FETCH_WORKERS_OBJECT_STORE
         prefetch = _Prefetch(
-            self.bundle, list(per_file), self.fetch_workers, self.spool_dir, self._single_items(per_file), None, jobs
+            self.bundle, list(per_file), workers, self.spool_dir, self._single_items(per_file), None, jobs
         )
         self._files.prefetch = prefetch
         vetted = VettedBytesPlanner(planner, self._item_origin)
