@@ -118,6 +118,44 @@ def test_a_rank_count_that_fails_is_reported_and_the_sweep_goes_on_with_what_it_
     assert "ReadTimeoutError" in failed[0][1]
 
 
+def test_a_spawn_that_fails_partway_keeps_the_points_it_finished(tmp_path, monkeypatch):
+    """RGW's OSD was OOM-killed at 4 ranks x 2 GiB, after five points of that spawn: they were lost with it when
+    rank 0 wrote its points only at the spawn's end. Now each point is kept as it ends."""
+    import rlckpt.testing.dcp_ranks as dcp_ranks
+    from rlckpt.bench import policy
+
+    finished = {
+        "size_mib": 256.0,
+        "state_bytes": 1,
+        "width": 8,
+        "ranks": 4,
+        "destination": "local",
+        "kind": "local",
+        "skipped": {},
+        "proxied_saves": [],
+        "measurements": [],
+    }
+
+    def spawn(fn, ranks, job, timeout):
+        policy._write_points(job.out_path, [finished])  # as rank 0 does when a point ends
+        raise RuntimeError("ranks exited with {1: -9}")
+
+    monkeypatch.setattr(dcp_ranks, "run_ranks", spawn)
+    config = PolicyBenchConfig(sizes_mib=[256.0, 2048.0], ranks=[4], repeats=1)
+    kept, failed = [], []
+
+    points = run_sweep(
+        config,
+        [local_destination(tmp_path / "local")],
+        str(tmp_path),
+        on_points=lambda p: kept.extend(p),
+        on_failure=lambda ranks, exc: failed.append(ranks),
+    )
+
+    assert [(p.ranks, p.size_mib) for p in points] == [(4, 256.0)] and failed == [4]
+    assert [(p.ranks, p.size_mib) for p in kept] == [(4, 256.0)]
+
+
 def test_a_peer_that_fails_at_one_point_is_not_measured_there_and_the_sweep_goes_on(tmp_path, monkeypatch):
     """A server that times the connector out once (4 ranks x 1 GiB through the proxy) costs that peer that
     point, not the rank count's other points nor rlckpt's measurements."""

@@ -462,12 +462,33 @@ def rank_main(rank: int, world_size: int, port: int, job: RankJob) -> None:
 
     quiet_dcp_warnings()
     points: list[dict[str, Any]] = []
+
+    def measured(point: dict[str, Any]) -> None:  # rank 0 keeps every point as it ends: a spawn lost later keeps it
+        points.append(point)
+        if rank == 0:
+            _write_points(job.out_path, points)
+
     with process_group(rank, world_size, port) as mesh:
         for dest in job.destinations:
-            points.extend(_measure_destination(rank, world_size, mesh, dest, job))
+            _measure_destination(rank, world_size, mesh, dest, job, on_point=measured)
     if rank == 0:
-        with open(job.out_path, "w") as out:
-            json.dump(points, out)
+        _write_points(job.out_path, points)
+
+
+def _write_points(path: str, points: list[dict[str, Any]]) -> None:
+    """The points measured so far, replacing the file whole (a rank killed mid-write leaves the last one)."""
+    with open(f"{path}.tmp", "w") as out:
+        json.dump(points, out)
+    os.replace(f"{path}.tmp", path)
+
+
+def _points_written(path: str) -> list[PointResult]:
+    """What a spawn that failed had measured before it did (its rank 0 writes each point as it ends)."""
+    try:
+        with open(path) as src:
+            return points_from_document({"points": json.load(src)})
+    except (OSError, ValueError):
+        return []
 
 
 def _try_together(fn: Callable[[], Any]) -> str | None:
@@ -498,7 +519,12 @@ def _untimed(systems: _Systems, system: str, step: int, state: Any, rank: int) -
 
 
 def _measure_destination(
-    rank: int, world_size: int, mesh: Any, dest: DestinationJob, job: RankJob
+    rank: int,
+    world_size: int,
+    mesh: Any,
+    dest: DestinationJob,
+    job: RankJob,
+    on_point: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     import torch
     import torch.distributed as dist
@@ -603,6 +629,8 @@ def _measure_destination(
         point["skipped"] = {**skipped, **failed}
         point["measurements"] = [m for m in point["measurements"] if m["system"] not in failed]
         points.append(point)
+        if on_point is not None:
+            on_point(point)
         del model, optim, state, reference
     return points
 
@@ -651,7 +679,8 @@ def run_sweep(
     systems not to run there and why (the connector is skipped everywhere when it is not installed). `reclaim`:
     per destination name, a command run after each removal (DestinationJob.reclaim_command).
     `on_points` gets each spawn's points as it ends (a long sweep keeps what it measured); a spawn that fails
-    raises, or with `on_failure` is reported to it and the sweep goes on with the next rank count."""
+    raises, or with `on_failure` is reported to it (after `on_points` got the points it finished before it
+    failed) and the sweep goes on with the next rank count."""
     from rlckpt.testing.dcp_ranks import run_ranks
 
     missing = s3torchconnector_missing()
@@ -687,6 +716,10 @@ def run_sweep(
         except Exception as exc:
             if on_failure is None:
                 raise
+            partial = _points_written(job.out_path)  # the points it finished before it failed
+            if partial and on_points is not None:
+                on_points(partial)
+            results.extend(partial)
             on_failure(ranks, exc)
             continue
         with open(job.out_path) as src:
