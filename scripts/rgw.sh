@@ -228,7 +228,7 @@ do_stop() {
 }
 
 # Run RGW's garbage collector over every deleted object now, not at its next period: a collection that runs
-# during a measurement takes the server's CPU (a 1 GiB save swung 3.5-7.9 s; 3.4-3.6 s with this before each).
+# during a measurement takes the server's CPU (a 1 GiB save swung 3.5-7.9 s; 3.4-3.9 s with this before each).
 do_gc() {
     [ -f "$CONF" ] || die "not running (no $CONF)"
     radosgw-admin -c "$CONF" gc process --include-all

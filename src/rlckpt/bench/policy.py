@@ -408,7 +408,7 @@ class _Systems:
 def _reclaim(command: str) -> None:
     """Run the server's reclaim command (e.g. `bash scripts/rgw.sh gc`): Ceph RGW frees deleted objects in its
     garbage collector, every 10 s as scripts/rgw.sh sets it, which otherwise ran in the middle of the next
-    measurement (a 1 GiB save swung 3.5-7.9 s; 3.4-3.6 s with the collector run to completion before each). A
+    measurement (a 1 GiB save swung 3.5-7.9 s; 3.4-3.9 s with the collector run to completion before each). A
     failure is logged: it costs the measurement's steadiness, not its result."""
     try:
         done = subprocess.run(shlex.split(command), capture_output=True, text=True, timeout=RECLAIM_TIMEOUT_S)
