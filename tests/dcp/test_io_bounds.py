@@ -94,6 +94,19 @@ def test_every_saved_shard_file_of_several_items_is_within_max_shard_bytes(store
     assert max(shared) <= 200_000
 
 
+def recorded_prefetches(monkeypatch) -> list:
+    """Every _Prefetch a load makes from here on (the files it fetches ahead, its workers, what it held)."""
+    prefetches = []
+
+    class Recorded(reader_module._Prefetch):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            prefetches.append(self)
+
+    monkeypatch.setattr(reader_module, "_Prefetch", Recorded)
+    return prefetches
+
+
 def test_a_load_holds_at_most_its_read_ahead_budget_of_checked_files(store_location, monkeypatch):
     """Memory on load is flat in the number and size of files: with a budget of two of these files, the
     buffers lent at once never hold more than two, whatever the number of files fetched ahead."""
@@ -104,14 +117,7 @@ def test_a_load_holds_at_most_its_read_ahead_budget_of_checked_files(store_locat
     pool = BufferPool()
     monkeypatch.setattr(reader_module, "READ_BUFFERS", pool)
     monkeypatch.setattr(reader_module, "READ_AHEAD_BYTES", 2 * 200_000)
-    prefetches = []
-
-    class Recorded(reader_module._Prefetch):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            prefetches.append(self)
-
-    monkeypatch.setattr(reader_module, "_Prefetch", Recorded)
+    prefetches = recorded_prefetches(monkeypatch)
     model2, optim2 = plain_policy(192, 3, seed=5)
     loaded = policy_state(model2, optim2)
     dcp.load(loaded, storage_reader=BundleStorageReader(url, step=1, storage_options=options, fetch_workers=4))
@@ -130,14 +136,7 @@ def test_a_load_fetches_more_shard_files_at_once_from_an_object_store_than_from_
     model, optim = plain_policy(192, 3, seed=0)
     saved = policy_state(model, optim)
     dcp.save(saved, storage_writer=BundleStorageWriter(url, step=1, storage_options=options, max_shard_bytes=100_000))
-    prefetches = []
-
-    class Recorded(reader_module._Prefetch):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            prefetches.append(self)
-
-    monkeypatch.setattr(reader_module, "_Prefetch", Recorded)
+    prefetches = recorded_prefetches(monkeypatch)
     model2, optim2 = plain_policy(192, 3, seed=5)
     loaded = policy_state(model2, optim2)
     dcp.load(loaded, storage_reader=BundleStorageReader(url, step=1, storage_options=options))
