@@ -4,25 +4,14 @@ checked: speed is not a test)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "s3_ceiling.py"
 
 
 def test_the_ceiling_benchmark_measures_puts_and_gets_at_each_count_in_flight_and_writes_its_reports(
-    tmp_path, s3_endpoint
+    tmp_path, s3_endpoint, run_benchmark
 ):
     out = tmp_path / "s3_ceiling.json"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--endpoint", s3_endpoint, "--mib", "32", "--at-once", "1,2"]
-        + ["--repeats", "1", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
+    tiny = ["--mib", "32", "--at-once", "1,2", "--repeats", "1"]
+    run_benchmark("s3_ceiling.py", "--endpoint", s3_endpoint, *tiny, "--out", str(out))
     rows = json.loads(out.read_text())["results"]["direct"]
     assert [(r["op"], r["at_once"]) for r in rows] == [("put", 1), ("get", 1), ("put", 2), ("get", 2)]
     assert all(r["mib"] == 32 and r["seconds"] > 0 for r in rows)

@@ -4,25 +4,14 @@ checked: speed is not a test)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "s3_save_occupancy.py"
 
 
 def test_the_occupancy_benchmark_saves_puts_the_same_bytes_samples_the_slots_and_writes_its_reports(
-    tmp_path, s3_endpoint
+    tmp_path, s3_endpoint, run_benchmark
 ):
     out = tmp_path / "occupancy.json"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--endpoint", s3_endpoint, "--mib", "32", "--repeats", "1"]
-        + ["--no-connector", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
+    tiny = ["--mib", "32", "--repeats", "1", "--no-connector"]
+    run_benchmark("s3_save_occupancy.py", "--endpoint", s3_endpoint, *tiny, "--out", str(out))
     row = json.loads(out.read_text())["results"]["direct"]
     assert row["mib"] == 32 and len(row["saves"]) == len(row["raw_puts"]) == 1
     assert row["save_s"] > 0 and row["raw_put_s"] > 0 and row["connector_save_s"] is None

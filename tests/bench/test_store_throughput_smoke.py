@@ -3,22 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "store_throughput.py"
 
 
-def test_quick_benchmark_writes_json_and_markdown_for_local_and_s3(tmp_path):
+def test_quick_benchmark_writes_json_and_markdown_for_local_and_s3(tmp_path, run_benchmark):
     out_dir = tmp_path / "results"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--backends", "local,s3", "--out-dir", str(out_dir)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
+    proc = run_benchmark("store_throughput.py", "--quick", "--backends", "local,s3", "--out-dir", str(out_dir))
     rows = json.loads((out_dir / "store_throughput.json").read_text())["rows"]
     assert [r["backend"] for r in rows] == ["local", "s3 (moto)"]
     for row in rows:
