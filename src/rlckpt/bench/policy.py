@@ -471,7 +471,7 @@ def rank_main(rank: int, world_size: int, port: int, job: RankJob) -> None:
     with process_group(rank, world_size, port) as mesh:
         for dest in job.destinations:
             _measure_destination(rank, world_size, mesh, dest, job, on_point=measured)
-    if rank == 0:
+    if rank == 0:  # also when no point was measured: the sweep reads the file of every spawn that ends
         _write_points(job.out_path, points)
 
 
@@ -482,11 +482,17 @@ def _write_points(path: str, points: list[dict[str, Any]]) -> None:
     os.replace(f"{path}.tmp", path)
 
 
+def _read_points(path: str) -> list[PointResult]:
+    """The points a spawn's rank 0 wrote (`_write_points`)."""
+    with open(path) as src:
+        return points_from_document({"points": json.load(src)})
+
+
 def _points_written(path: str) -> list[PointResult]:
-    """What a spawn that failed had measured before it did (its rank 0 writes each point as it ends)."""
+    """What a spawn that failed had measured before it did (its rank 0 writes each point as it ends): none when
+    it wrote nothing readable."""
     try:
-        with open(path) as src:
-            return points_from_document({"points": json.load(src)})
+        return _read_points(path)
     except (OSError, ValueError):
         return []
 
@@ -722,8 +728,7 @@ def run_sweep(
             results.extend(partial)
             on_failure(ranks, exc)
             continue
-        with open(job.out_path) as src:
-            points = points_from_document({"points": json.load(src)})
+        points = _read_points(job.out_path)
         if on_points is not None:
             on_points(points)
         results.extend(points)
