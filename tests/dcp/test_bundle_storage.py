@@ -5,13 +5,19 @@ overwrite, what a failed save leaves, and the refusals. The multi-rank behaviour
 from __future__ import annotations
 
 import gc
+import io
 import pickle
+import struct
+import threading
+import zipfile
+import zlib
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
 from rlckpt.dcp import BundleStorageReader, BundleStorageWriter
+from rlckpt.dcp import _format as format_module
 from rlckpt.dcp import _safe_unpickle as safe_unpickle
 from rlckpt.dcp import reader as reader_module
 from rlckpt.dcp._format import SMALL_ITEM_BYTES
@@ -90,12 +96,42 @@ def item_bytes(read_file, metadata) -> dict:
     return out
 
 
+def zip_records(item: bytes) -> list[tuple[str, int, int]]:
+    """(name, recorded CRC-32, CRC-32 of its bytes) of every record of one item (a torch.save zip)."""
+    with zipfile.ZipFile(io.BytesIO(item)) as archive:
+        return [(info.filename, info.CRC, zlib.crc32(_record_bytes(item, info))) for info in archive.infolist()]
+
+
+def _record_bytes(item: bytes, info: zipfile.ZipInfo) -> bytes:
+    """A stored (uncompressed) record's bytes: after its local header (30 bytes), name and extra field."""
+    name_len, extra_len = struct.unpack_from("<HH", item, info.header_offset + 26)
+    start = info.header_offset + 30 + name_len + extra_len
+    return item[start : start + info.file_size]
+
+
+def saved_items(url: str, options, writer) -> dict:
+    """Every item's bytes, by index, of what `writer` saved of trained_state(0) at `url`."""
+    dcp.save(trained_state(0), storage_writer=writer)
+    store = BundleStore(url, options)
+    if store.steps():
+        bundle = store.open(store.steps()[-1])
+        metadata = pickle.loads(bundle.read_bytes("policy/.metadata"))
+        return item_bytes(lambda name: bundle.read_bytes(f"policy/{name}"), metadata)
+    metadata = pickle.loads(store.fs.cat_file(f"{store.root}/.metadata"))
+    return item_bytes(lambda name: store.fs.cat_file(f"{store.root}/{name}"), metadata)
+
+
 @pytest.mark.parametrize("thread_count", [1, 2])
-def test_every_item_is_stored_byte_for_byte_as_dcps_own_writer_stores_it(store_location, thread_count):
-    """DCP's format: same .metadata (but which file an item went to), same bytes for every item."""
+def test_every_item_is_stored_byte_for_byte_as_dcps_own_writer_stores_it_without_zip_crcs(
+    store_location, thread_count, monkeypatch
+):
+    """DCP's format: same .metadata (but which file an item went to), and for every item the bytes DCP's own
+    writer stores with torch's zip CRC-32 off in all its threads (rlckpt leaves it out: _format.NO_ZIP_CRC)."""
     url, options = store_location
     state = trained_state(0)
-    dcp.save(state, storage_writer=dcp_own_writer(f"{url}-dcp", options, thread_count=thread_count))
+    with monkeypatch.context() as patched:
+        patched.setattr(torch.serialization, "get_crc32_options", lambda: False)
+        dcp.save(state, storage_writer=dcp_own_writer(f"{url}-dcp", options, thread_count=thread_count))
     dcp.save(state, storage_writer=BundleStorageWriter(url, step=1, storage_options=options, thread_count=thread_count))
     theirs = BundleStore(f"{url}-dcp", options)
     bundle = BundleStore(url, options).open(1)
@@ -111,6 +147,59 @@ def test_every_item_is_stored_byte_for_byte_as_dcps_own_writer_stores_it(store_l
     )
     ours = item_bytes(lambda name: bundle.read_bytes(f"policy/{name}"), ours_md)
     assert ours == item_bytes(lambda name: theirs.fs.cat_file(f"{theirs.root}/{name}"), their_md)
+
+
+@pytest.mark.parametrize("thread_count", [1, 2])
+def test_the_records_of_every_item_carry_no_zip_crc(store_location, thread_count):
+    """torch.save's CRC-32 is work no torch reader checks; the shard file's BLAKE3 is checked instead."""
+    url, options = store_location
+    items = saved_items(
+        url, options, BundleStorageWriter(url, step=1, storage_options=options, thread_count=thread_count)
+    )
+    records = [record for item in items.values() for record in zip_records(item)]
+    assert records and all(recorded == 0 for _name, recorded, _actual in records)
+    assert any(actual != 0 for _name, _recorded, actual in records)  # a zero would not show the CRC was left out
+
+
+def test_dcps_own_writer_still_records_the_zip_crc_of_every_item(store_location):
+    """rlckpt's saves leave torch's switch as it was: DCP's writer, after one, records every CRC-32."""
+    url, options = store_location
+    dcp.save(trained_state(0), storage_writer=BundleStorageWriter(url, step=1, storage_options=options))
+    items = saved_items(f"{url}-dcp", options, dcp_own_writer(f"{url}-dcp", options))
+    records = [record for item in items.values() for record in zip_records(item)]
+    assert records and all(recorded == actual for _name, recorded, actual in records)
+
+
+def test_a_torch_save_in_another_thread_during_a_shard_write_records_its_zip_crc(store_location, monkeypatch):
+    """The CRC is left out of rlckpt's shard files only: a torch.save elsewhere in the process while a rank
+    writes its shards (a trainer's own file, mid async save) still records it, or zip tools refuse the file."""
+    url, options = store_location
+    writing, saved = threading.Event(), threading.Event()
+    write = format_module._CountingStream.write
+
+    def paused_write(self, data):  # the save's first write, inside its writing thread, waits for ours
+        if not writing.is_set():
+            writing.set()
+            assert saved.wait(30)
+        return write(self, data)
+
+    monkeypatch.setattr(format_module._CountingStream, "write", paused_write)
+    saving = threading.Thread(
+        target=dcp.save,
+        args=(trained_state(0),),
+        kwargs={"storage_writer": BundleStorageWriter(url, step=1, storage_options=options)},
+    )
+    saving.start()
+    try:
+        assert writing.wait(30)
+        ours = io.BytesIO()
+        torch.save(torch.arange(1000.0), ours)
+    finally:
+        saved.set()
+        saving.join(60)
+    records = zip_records(ours.getvalue())
+    assert records and all(recorded == actual for _name, recorded, actual in records)
+    assert BundleStore(url, options).steps() == [1]
 
 
 def test_small_items_get_a_file_of_their_own(run):

@@ -4,8 +4,10 @@ A bundle's `policy/` must stay loadable by plain `dcp.load(..., storage_reader=F
 (a user can leave rlckpt without converting), so shard names (`__{rank}_{n}.distcp`), the per-item
 serialization (`torch.save` of each tensor, raw bytes for BYTE_IO items, appended to a file), the
 `_StorageInfo(relative_path, offset, length)` records and the pickled `.metadata` are exactly what
-DCP's FileSystemWriter produces: the code below calls DCP's own helpers to produce them. One choice
-differs, and no reader depends on it: which items share a file (SMALL_ITEM_BYTES, DEFAULT_MAX_SHARD_BYTES).
+DCP's FileSystemWriter produces: the code below calls DCP's own helpers to produce them. Two choices
+differ, and no reader depends on either: which items share a file (SMALL_ITEM_BYTES, DEFAULT_MAX_SHARD_BYTES),
+and the zip CRC-32 of each item's records, which torch.save leaves zero here (NO_ZIP_CRC). An item's bytes are
+otherwise those DCP writes with torch's CRC option off.
 
 Those helpers are private to torch. This module is the only place rlckpt touches them (each use is
 marked), so a torch upgrade that moves one breaks here, and the format test (tests/dcp) says so.
@@ -38,6 +40,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlanner, WriteItem, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.serialization import _load, _open_zipfile_reader  # private: torch.load's own steps (load_tensor_view)
+from torch.utils.serialization import config as torch_serialization_config
 
 from rlckpt.store import WRITE_BLOCK_SIZE
 
@@ -134,6 +137,15 @@ ITEM_FRAMING_BYTES = 4 << 10
 DEFAULT_MAX_SHARD_BYTES = WRITE_BLOCK_SIZE - (64 << 10)
 
 
+# torch.save's zip CRC-32 is left out of the shard files. It costs 0.24 s of CPU per GiB (about 4 GB/s here) on
+# the thread writing the shard, on cores a trainer rank shares with everything else, and nobody reads it: torch
+# builds its zip reader with CRC checks off (a tensor with a flipped byte loads), and rlckpt checks each file's
+# BLAKE3 digest before any reader sees a byte of it. torch's setting is a per-thread override (a ContextVar):
+# patched in the writing threads only, for the length of the write, a torch.save elsewhere keeps its CRC.
+NO_ZIP_CRC = {"save.compute_crc32": False}
+_TORCH_SAVE_CONFIG: Any = torch_serialization_config  # torch installs its patch() at import: mypy cannot see it
+
+
 def _cost(wi: WriteItem) -> int:
     """What an item adds to its file: its bytes and torch.save's framing."""
     return (_item_size(wi) if wi.type != WriteItemType.BYTE_IO else 0) + ITEM_FRAMING_BYTES  # private DCP helper
@@ -224,17 +236,18 @@ def write_shards(
             # DCP's own per-file loop (item order, tensor resolution, torch.save per item). use_fsync is
             # off: without a fileno() it would fall back to a machine-wide os.sync(); the store fsyncs
             # each file itself on local disk when it is closed.
-            _write_files_from_queue(  # private DCP helper, see the module docstring
-                create_stream,
-                file_queue,
-                result_queue,
-                planner,
-                _StorageWriterTransforms(),
-                per_thread_copy_ahead,
-                False,
-                thread_count,
-                SerializationFormat.TORCH_SAVE,
-            )
+            with _TORCH_SAVE_CONFIG.patch(NO_ZIP_CRC):
+                _write_files_from_queue(  # private DCP helper, see the module docstring
+                    create_stream,
+                    file_queue,
+                    result_queue,
+                    planner,
+                    _StorageWriterTransforms(),
+                    per_thread_copy_ahead,
+                    False,
+                    thread_count,
+                    SerializationFormat.TORCH_SAVE,
+                )
         except BaseException as exc:
             failures.append(exc)
             with contextlib.suppress(queue.Empty):  # the other threads need not write what will be thrown away
