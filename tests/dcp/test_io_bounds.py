@@ -37,6 +37,19 @@ def tensor_item(name: str, nbytes: int) -> WriteItem:
     )
 
 
+def shard_item(name: str, rows: int, cols: int, ranks: int) -> WriteItem:
+    """This rank's chunk (rows / ranks of the rows) of a float32 tensor sharded by rows over `ranks`."""
+    return WriteItem(
+        index=MetadataIndex(name, torch.Size([0, 0])),
+        type=WriteItemType.SHARD,
+        tensor_data=TensorWriteData(
+            chunk=ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=torch.Size([rows // ranks, cols])),
+            properties=TensorProperties(dtype=torch.float32),
+            size=torch.Size([rows, cols]),
+        ),
+    )
+
+
 def planned_bytes(bucket: list[WriteItem]) -> int:
     return sum(wi.tensor_data.chunk.sizes.numel() * 4 + ITEM_FRAMING_BYTES for wi in bucket)
 
@@ -50,6 +63,24 @@ def test_no_shard_file_of_several_items_outgrows_one_put_where_dcps_split_would(
     assert sorted(wi.index.fqn for _name, bucket in files for wi in bucket) == sorted(wi.index.fqn for wi in items)
     assert max(planned_bytes(bucket) for _name, bucket in files) <= DEFAULT_MAX_SHARD_BYTES < WRITE_BLOCK_SIZE
     assert [name for name, _bucket in files] == [f"__0_{n}.distcp" for n in range(len(files))]
+
+
+def test_a_shard_weighs_its_chunk_not_the_whole_tensor_so_files_fill_up_to_the_cap():
+    """24 items of one rank of 4, each a 2.7 MiB quarter of a 10.7 MiB tensor (a 256 MiB policy + AdamW at 4
+    ranks): files are packed by the bytes the rank writes, 5 items to a file, not one quarter-full file per item
+    as when the whole tensor's size was counted (25 requests a rank instead of 6)."""
+    items = [shard_item(f"w{i}", 1672, 1672, ranks=4) for i in range(24)]
+    files = shard_plan("__0_", items, thread_count=1)
+    assert [len(bucket) for _name, bucket in files] == [5, 5, 5, 5, 4]
+    assert max(planned_bytes(bucket) for _name, bucket in files) <= DEFAULT_MAX_SHARD_BYTES
+
+
+def test_a_small_shard_of_a_large_tensor_goes_to_the_small_items_file():
+    """A chunk within SMALL_ITEM_BYTES is a small item whatever the whole tensor's size: it rides in the rank's
+    last, small file rather than in a file of its own."""
+    items = [shard_item("big", 1024, 1024, ranks=4), shard_item("tiny", 4096, 16, ranks=4)]
+    files = shard_plan("__0_", items, thread_count=1)
+    assert [[wi.index.fqn for wi in bucket] for _name, bucket in files] == [["big"], ["tiny"]]
 
 
 def test_an_item_larger_than_the_cap_gets_a_file_of_its_own_and_thread_count_still_splits():

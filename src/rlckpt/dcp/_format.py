@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import io
+import math
 import pickle
 import queue
 import threading
@@ -30,7 +31,6 @@ from torch.distributed.checkpoint.filesystem import (  # private DCP format help
     CURRENT_DCP_VERSION,
     DEFAULT_SUFFIX,
     SerializationFormat,
-    _item_size,
     _metadata_fn,
     _split_by_size_and_type,
     _StorageWriterTransforms,
@@ -146,9 +146,18 @@ NO_ZIP_CRC = {"save.compute_crc32": False}
 _TORCH_SAVE_CONFIG: Any = torch_serialization_config  # torch installs its patch() at import: mypy cannot see it
 
 
+def item_bytes(wi: WriteItem) -> int:
+    """The tensor bytes an item puts in its file: its chunk's, this rank's shard of the tensor (0 for a bytes
+    item). DCP's own `_item_size` counts the whole tensor, so with it a tensor sharded over 4 ranks weighed 4
+    times its bytes here, and each 16 MiB file held a single quarter-full item (25 files per rank, not 6)."""
+    if wi.type == WriteItemType.BYTE_IO or wi.tensor_data is None:
+        return 0
+    return math.prod(wi.tensor_data.chunk.sizes) * wi.tensor_data.properties.dtype.itemsize
+
+
 def _cost(wi: WriteItem) -> int:
     """What an item adds to its file: its bytes and torch.save's framing."""
-    return (_item_size(wi) if wi.type != WriteItemType.BYTE_IO else 0) + ITEM_FRAMING_BYTES  # private DCP helper
+    return item_bytes(wi) + ITEM_FRAMING_BYTES
 
 
 def _pack(items: list[WriteItem], files: int, cap: int) -> list[list[WriteItem]]:
@@ -184,7 +193,7 @@ def shard_plan(
     """
 
     def small(wi: WriteItem) -> bool:
-        return wi.type == WriteItemType.BYTE_IO or _item_size(wi) <= SMALL_ITEM_BYTES  # private DCP helper
+        return wi.type == WriteItemType.BYTE_IO or item_bytes(wi) <= SMALL_ITEM_BYTES
 
     bulk = [wi for wi in items if not small(wi)]
     rest = [wi for wi in items if small(wi)]
