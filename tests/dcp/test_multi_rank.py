@@ -8,7 +8,9 @@ they saw; each test below asserts one behaviour on those records or on the store
 from __future__ import annotations
 
 import os
+import pickle
 import uuid
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +19,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from rlckpt.dcp import BundleStorageReader
+from rlckpt.dcp._format import SMALL_ITEM_BYTES
 from rlckpt.errors import ParticipantError, UncommittedBundleError
 from rlckpt.store import BundleStore, Manifest, Receipt
 from rlckpt.store.paths import step_dirname
@@ -135,6 +138,23 @@ def test_async_save_commits_a_bundle_that_loads_back_bitwise(ranks):
     )
 
 
+def test_a_ranks_shards_are_packed_by_their_own_bytes_not_by_the_whole_tensors(ranks):
+    """At 2 ranks a weight's chunk is half the weight. Under a cap that holds two chunks but not two whole
+    weights, every file of a rank's large items holds two of them (each went alone into a file when an item
+    was weighed by its whole tensor), and stays within the cap."""
+    for rec in ranks.records:
+        assert rec["capped_save_7"]["raised"] is None, rec["capped_save_7"].get("traceback")
+    bundle = ranks.store.open(7)
+    metadata = pickle.loads(bundle.read_bytes("policy/.metadata"))
+    lengths: dict[str, list[int]] = defaultdict(list)
+    for info in metadata.storage_data.values():
+        lengths[info.relative_path].append(info.length)
+    bulk = {name: sizes for name, sizes in lengths.items() if min(sizes) > SMALL_ITEM_BYTES}
+    assert {name[:4] for name in bulk} == {"__0_", "__1_"}
+    assert all(len(sizes) == 2 for sizes in bulk.values()), bulk
+    assert max(bundle.manifest.files[f"policy/{name}"].size for name in bulk) <= scenarios.CAPPED_SHARD_BYTES
+
+
 # --- joined mode ------------------------------------------------------------------------------------
 
 
@@ -201,4 +221,4 @@ def test_a_rank_that_dies_fails_the_save_on_the_others_and_commits_nothing(ranks
 
 def test_no_debris_is_left_by_any_scenario(ranks):
     assert debris(ranks.store) == []
-    assert ranks.store.steps() == [1, 3, 4]
+    assert ranks.store.steps() == [1, 3, 4, 7]

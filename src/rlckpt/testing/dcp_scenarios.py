@@ -44,6 +44,9 @@ from rlckpt.testing.store_checks import stored_path
 
 WIDTH, DEPTH = 256, 4  # weights above SMALL_ITEM_BYTES per rank, so each rank writes bulk and small files
 DEAD_RANK_EXIT = 17
+# A shard-file cap that holds two chunks of a weight at 2 ranks (128 KiB each, plus framing) but not two whole
+# weights (256 KiB each): what a capped save packs shows by which of the two sizes an item was weighed.
+CAPPED_SHARD_BYTES = 300_000
 
 
 @dataclass(frozen=True)
@@ -237,7 +240,17 @@ def run(rank: int, world_size: int, port: int, spec: ScenarioSpec) -> None:
         )
         rec["joined_failing_receipt"] = failing.receipt.to_json() if failing.receipt else None
 
-        # 7. rank 1 dies inside a standalone save of step 6 (rank 1 never returns from here)
+        # 7. B as step 7 with a small shard-file cap
+        rec["capped_save_7"] = _outcome(
+            lambda: dcp.save(
+                state,
+                storage_writer=BundleStorageWriter(
+                    spec.url, step=7, storage_options=options, max_shard_bytes=CAPPED_SHARD_BYTES
+                ),
+            )
+        )
+
+        # 8. rank 1 dies inside a standalone save of step 6 (rank 1 never returns from here)
         def dying_save() -> None:
             with BundleStorageWriter(spec.url, step=6, storage_options=options) as writer:
                 dcp.save(state, storage_writer=writer, planner=FailingPlanner(1, "exit"))
