@@ -146,7 +146,7 @@ NO_ZIP_CRC = {"save.compute_crc32": False}
 _TORCH_SAVE_CONFIG: Any = torch_serialization_config  # torch installs its patch() at import: mypy cannot see it
 
 
-def item_bytes(wi: WriteItem) -> int:
+def _chunk_bytes(wi: WriteItem) -> int:
     """The tensor bytes an item puts in its file: its chunk's, this rank's shard of the tensor (0 for a bytes
     item). DCP's own `_item_size` counts the whole tensor, so with it a tensor sharded over 4 ranks weighed 4
     times its bytes here, and each 16 MiB file held a single quarter-full item (25 files per rank, not 6)."""
@@ -157,7 +157,7 @@ def item_bytes(wi: WriteItem) -> int:
 
 def _cost(wi: WriteItem) -> int:
     """What an item adds to its file: its bytes and torch.save's framing."""
-    return item_bytes(wi) + ITEM_FRAMING_BYTES
+    return _chunk_bytes(wi) + ITEM_FRAMING_BYTES
 
 
 def _pack(items: list[WriteItem], files: int, cap: int) -> list[list[WriteItem]]:
@@ -193,7 +193,7 @@ def shard_plan(
     """
 
     def small(wi: WriteItem) -> bool:
-        return wi.type == WriteItemType.BYTE_IO or item_bytes(wi) <= SMALL_ITEM_BYTES
+        return wi.type == WriteItemType.BYTE_IO or _chunk_bytes(wi) <= SMALL_ITEM_BYTES
 
     bulk = [wi for wi in items if not small(wi)]
     rest = [wi for wi in items if small(wi)]
