@@ -11,7 +11,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from rlckpt.checkpoint.stopping import UNMEASURED_SAVE_S
-from rlckpt.store import BundleStore, Retention, SigningKey, VerifyKey
+from rlckpt.store import (
+    BundleStore,
+    Retention,
+    SigningKeyInput,
+    VerifyKeyInput,
+    signing_key_of,
+    verify_key_of,
+)
 from rlckpt.tiers import ReplicationConfig
 
 from .ranks import DEFAULT_GROUP_TIMEOUT_S
@@ -36,8 +43,10 @@ class CheckpointerConfig:
         `replication.every`-th committed save and each one saved with `last=True`; the remote tier keeps what
         `replication.retention` keeps. A restore takes the newest bundle that verifies on either tier.
     signing_key: every COMMIT is signed (only rank 0 uses it). verify_key: only bundles that key signed for
-        this run are read and kept; by default the signing key's public half. run_id: with a verify key, the
-        run "this run" is, whatever its `_run.json` says (a key shared by several runs: docs/security.md).
+        this run are read and kept; by default the signing key's public half. Each is the key or the path of
+        its PEM file (`rlckpt keygen` writes both), loaded here: KeyFileError for a file that cannot be used.
+    run_id: with a verify key, the run "this run" is, whatever its `_run.json` says (a key shared by several
+        runs: docs/security.md).
     async_save: `save()` returns once the state is staged in host memory (True) or once it is committed.
     save_failure: a save that failed in the background raises at the next `save()`/`wait()` ("raise") or
         is only logged ("log").
@@ -51,8 +60,8 @@ class CheckpointerConfig:
     storage_options: dict[str, Any] | None = None
     retention: Retention = field(default_factory=Retention)
     replication: ReplicationConfig | None = None
-    signing_key: SigningKey | None = None
-    verify_key: VerifyKey | None = None
+    signing_key: SigningKeyInput | None = None
+    verify_key: VerifyKeyInput | None = None
     run_id: str | None = None
     async_save: bool = True
     save_failure: SaveFailure = "raise"
@@ -66,8 +75,11 @@ class CheckpointerConfig:
         object.__setattr__(self, "url", os.fspath(self.url))
         if not self.url:
             raise ValueError("a Checkpointer needs the run's URL (a local path or s3://bucket/prefix)")
-        if self.verify_key is None and self.signing_key is not None:
-            object.__setattr__(self, "verify_key", self.signing_key.public)
+        signing_key, verify_key = signing_key_of(self.signing_key), verify_key_of(self.verify_key)
+        if verify_key is None and signing_key is not None:
+            verify_key = signing_key.public
+        object.__setattr__(self, "signing_key", signing_key)
+        object.__setattr__(self, "verify_key", verify_key)
         if self.replication is not None and self.replication.verify_key is None and self.verify_key is not None:
             object.__setattr__(self, "replication", dataclasses.replace(self.replication, verify_key=self.verify_key))
         if self.replication is not None and self.replication.verify_key != self.verify_key:

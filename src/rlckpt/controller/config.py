@@ -11,7 +11,14 @@ from rlckpt.controller.capacity import check_rank_resources
 from rlckpt.controller.stopping import ABORT_WAIT_S
 from rlckpt.dataplane.tq_client import DEFAULT_TQ_CONFIG
 from rlckpt.grpo import GRPOConfig
-from rlckpt.store import BundleStore, Retention, SigningKey, VerifyKey
+from rlckpt.store import (
+    BundleStore,
+    Retention,
+    SigningKeyInput,
+    VerifyKeyInput,
+    signing_key_of,
+    verify_key_of,
+)
 from rlckpt.tiers import ReplicationConfig
 
 # How rollouts feed the trainer (`rlckpt train --mode`): in_order trains step k on the groups generated
@@ -71,15 +78,18 @@ class TrainConfig:
     stop_abort_s: float = ABORT_WAIT_S
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     tq_config: dict[str, Any] = field(default_factory=lambda: dict(DEFAULT_TQ_CONFIG))
-    # Signed bundles (docs/security.md): the controller signs every COMMIT with `signing_key` (the key
-    # itself travels to the controller actor, never a path, and never to a trainer rank); a resume reads
+    # Signed bundles (docs/security.md): the controller signs every COMMIT with `signing_key` (given as the key
+    # or its file, loaded here: the key itself travels to the controller actor, never a path, and never to a
+    # trainer rank); a resume reads
     # only bundles `verify_key` signed for this run, and so does retention. `run_id` pins "this run" (with a
     # verify key): a key shared by several runs then cannot pass one run's bundles for another's.
-    signing_key: SigningKey | None = None
-    verify_key: VerifyKey | None = None
+    signing_key: SigningKeyInput | None = None
+    verify_key: VerifyKeyInput | None = None
     run_id: str | None = None
 
     def __post_init__(self) -> None:
+        self.signing_key = signing_key_of(self.signing_key)
+        self.verify_key = verify_key_of(self.verify_key)
         if self.rollout_order not in ("in_order", "async"):
             raise ValueError(f"rollout_order must be 'in_order' or 'async', got {self.rollout_order!r}")
         if self.steps < 0 or self.save_every < 1:

@@ -21,7 +21,16 @@ from .paths import join_relpath, step_dirname, validate_relpath, validate_step
 from .replica import CopyReport, copy_bundle
 from .retention import METRICS_KEY, Retention
 from .run_record import RunRecord
-from .signing import KeyPairFiles, SigningKey, VerifyKey, write_key_pair
+from .signing import (
+    KeyPairFiles,
+    SigningKey,
+    SigningKeyInput,
+    VerifyKey,
+    VerifyKeyInput,
+    signing_key_of,
+    verify_key_of,
+    write_key_pair,
+)
 from .storage_errors import as_store_error, unavailable_as_store_error
 from .store import BundleStore, StoreEntry
 from .transaction import BundleTransaction
@@ -51,18 +60,22 @@ __all__ = [
     "Receipt",
     "RunRecord",
     "SigningKey",
+    "SigningKeyInput",
     "Retention",
     "StoreEntry",
     "TransactionHandle",
     "VerifyKey",
+    "VerifyKeyInput",
     "as_store_error",
     "copy_bundle",
     "join_relpath",
     "open_location",
+    "signing_key_of",
     "step_dirname",
     "unavailable_as_store_error",
     "validate_participant",
     "validate_relpath",
     "validate_step",
+    "verify_key_of",
     "write_key_pair",
 ]

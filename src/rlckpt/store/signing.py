@@ -160,6 +160,47 @@ class SigningKey:
         return f"SigningKey({self.key_id})"
 
 
+# How a key is given wherever rlckpt takes one (BundleStore, CheckpointerConfig, ReplicationConfig,
+# TrainConfig): the key itself, or the path of its PEM file.
+SigningKeyInput = SigningKey | str | os.PathLike[str]
+VerifyKeyInput = VerifyKey | str | os.PathLike[str]
+
+
+def signing_key_of(key: SigningKeyInput | None, setting: str = "signing_key") -> SigningKey | None:
+    """The signing key `key` gives: itself, or loaded from its file (the one loader of every place a key
+    is taken); None stays None.
+
+    Raises:
+        KeyFileError: a file that cannot be used (missing, unreadable, open to others, not an Ed25519
+            private key), naming it.
+        TypeError: neither a SigningKey nor a path (a VerifyKey cannot sign).
+    """
+    if key is None or isinstance(key, SigningKey):
+        return key
+    if isinstance(key, (str, os.PathLike)):
+        return SigningKey.load(key)
+    if isinstance(key, VerifyKey):
+        raise TypeError(f"{setting}: a VerifyKey cannot sign; give the SigningKey or the path of its file")
+    raise TypeError(f"{setting} must be a SigningKey or the path of its key file, got {type(key).__name__}")
+
+
+def verify_key_of(key: VerifyKeyInput | None, setting: str = "verify_key") -> VerifyKey | None:
+    """The verify key `key` gives: itself, or loaded from its file; None stays None.
+
+    Raises:
+        KeyFileError: a file that cannot be used (missing, unreadable, a private key, not an Ed25519
+            public key), naming it.
+        TypeError: neither a VerifyKey nor a path (a SigningKey's public half is `key.public`).
+    """
+    if key is None or isinstance(key, VerifyKey):
+        return key
+    if isinstance(key, (str, os.PathLike)):
+        return VerifyKey.load(key)
+    if isinstance(key, SigningKey):
+        raise TypeError(f"{setting}: give the public half (signing_key.public) or the path of its file, not the key")
+    raise TypeError(f"{setting} must be a VerifyKey or the path of its key file, got {type(key).__name__}")
+
+
 def _raw_private(key: Ed25519PrivateKey) -> bytes:
     return key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption())
 

@@ -43,7 +43,7 @@ from .paths import COMMIT_NAME, MANIFEST_NAME, is_txid, step_dirname, validate_s
 from .retention import Retention
 from .roster import Roster
 from .run_record import RUN_RECORD_NAME, RunRecord, checked_run_id, create_run_record, read_run_record
-from .signing import SigningKey, VerifyKey
+from .signing import SigningKeyInput, VerifyKeyInput, signing_key_of, verify_key_of
 from .storage_errors import unavailable_as_store_error
 from .transaction import BundleTransaction
 
@@ -103,8 +103,8 @@ class BundleStore:
         allow_unsafe: bool = False,
         stale_after: float = DEFAULT_STALE_AFTER,
         max_workers: int = DEFAULT_MAX_WORKERS,
-        signing_key: SigningKey | str | os.PathLike[str] | None = None,
-        verify_key: VerifyKey | str | os.PathLike[str] | None = None,
+        signing_key: SigningKeyInput | None = None,
+        verify_key: VerifyKeyInput | None = None,
         run_id: str | None = None,
     ) -> None:
         """`fs` overrides the filesystem built from url+storage_options (tests wrap it to inject faults).
@@ -122,8 +122,8 @@ class BundleStore:
             KeyFileError: a key file that cannot be used (missing, open to others, not an Ed25519 key).
             StoreConfigError: `run_id` is not a run id, or is given without a verify key.
         """
-        self.signing_key = SigningKey.load(signing_key) if isinstance(signing_key, (str, os.PathLike)) else signing_key
-        self.verify_key = VerifyKey.load(verify_key) if isinstance(verify_key, (str, os.PathLike)) else verify_key
+        self.signing_key = signing_key_of(signing_key)
+        self.verify_key = verify_key_of(verify_key)
         self.run_id = None if run_id is None else checked_run_id(run_id, f"store {url}: the pinned run")
         if self.run_id is not None and self.verify_key is None:
             raise StoreConfigError(

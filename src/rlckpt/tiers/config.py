@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlckpt.store import BundleStore, Retention, VerifyKey
+from rlckpt.store import BundleStore, Retention, VerifyKeyInput, verify_key_of
 
 DEFAULT_COPY_WORKERS = 4  # files copied at once: a replication shares the machine with training and rollouts
 
@@ -21,7 +21,7 @@ class ReplicationConfig:
     every: int = 1
     retention: Retention = field(default_factory=Retention)
     workers: int = DEFAULT_COPY_WORKERS
-    verify_key: VerifyKey | None = None  # the run's: both tiers read only bundles it signed for the run
+    verify_key: VerifyKeyInput | None = None  # the run's (or its file): both tiers read only its bundles
     run_id: str | None = None  # the run's pin, if it has one (BundleStore's `run_id`)
 
     def remote_store(self) -> BundleStore:
@@ -30,6 +30,7 @@ class ReplicationConfig:
         return BundleStore(self.url, self.storage_options, verify_key=self.verify_key, run_id=self.run_id)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "verify_key", verify_key_of(self.verify_key, "ReplicationConfig's verify_key"))
         if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
             raise ValueError(f"replicate every must be an int >= 1, got {self.every!r}")
         if self.retention.holds:
