@@ -1,26 +1,51 @@
 """rlckpt: transactional checkpoints for RL post-training runs with a streaming data plane.
 
-`from rlckpt import Checkpointer` (and CheckpointerConfig, SaveAndStop) is the entry point for a trainer
-rlckpt does not own (docs/trainer.md). It is imported on first use: `import rlckpt` stays free of torch.
+`from rlckpt import Checkpointer` is the entry point for a trainer rlckpt does not own (docs/trainer.md), with
+everything its settings and results name: CheckpointerConfig, SaveAndStop, Retention, ReplicationConfig,
+SigningKey, VerifyKey, SaveResult, Restored. Each is imported on first use: `import rlckpt` stays free of
+torch.
 """
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from rlckpt.checkpointer import Checkpointer, CheckpointerConfig, SaveAndStop
+    from rlckpt.checkpointer import Checkpointer, CheckpointerConfig, Restored, SaveAndStop, SaveResult
+    from rlckpt.store import Retention, SigningKey, VerifyKey
+    from rlckpt.tiers import ReplicationConfig
 
-__all__ = ["Checkpointer", "CheckpointerConfig", "SaveAndStop", "__version__"]
+# name -> the module it comes from (imported when the name is first asked for)
+_LAZY = {
+    "Checkpointer": "rlckpt.checkpointer",
+    "CheckpointerConfig": "rlckpt.checkpointer",
+    "Restored": "rlckpt.checkpointer",
+    "SaveAndStop": "rlckpt.checkpointer",
+    "SaveResult": "rlckpt.checkpointer",
+    "Retention": "rlckpt.store",
+    "SigningKey": "rlckpt.store",
+    "VerifyKey": "rlckpt.store",
+    "ReplicationConfig": "rlckpt.tiers",
+}
 
-_LAZY = ("Checkpointer", "CheckpointerConfig", "SaveAndStop")
+__all__ = [
+    "Checkpointer",
+    "CheckpointerConfig",
+    "ReplicationConfig",
+    "Restored",
+    "Retention",
+    "SaveAndStop",
+    "SaveResult",
+    "SigningKey",
+    "VerifyKey",
+    "__version__",
+]
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        from rlckpt import checkpointer
-
-        return getattr(checkpointer, name)
+        return getattr(import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'rlckpt' has no attribute {name!r}")
