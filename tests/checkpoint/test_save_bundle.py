@@ -277,3 +277,12 @@ def test_a_save_refuses_to_commit_run_bundle_metadata_no_restore_would_read(stor
     with pytest.raises(CheckpointError, match=f"refusing to commit .*run-bundle metadata: {field}: expected"):
         asyncio.run(save_bundle(parts, 2))
     assert BundleStore(url, options).entries() == []
+
+
+def test_a_diverged_runs_non_finite_metrics_are_dropped_and_the_save_commits(store_location, caplog):
+    url, options = store_location
+    parts, _ = asyncio.run(_parts(url, options))
+    parts = dataclasses.replace(parts, metrics=lambda: {"reward": 0.25, "loss": float("nan")})
+    asyncio.run(save_bundle(parts, 2))
+    assert BundleStore(url, options).open(2).manifest.metadata["metrics"] == {"reward": 0.25}
+    assert "save of step 2: metrics not recorded, not finite: loss=nan" in caplog.text

@@ -339,11 +339,13 @@ def test_metrics_a_restore_would_not_read_are_refused_before_anything_is_written
 @pytest.mark.parametrize(
     ("metadata", "reason"),
     [
-        ({"seen": object()}, "not JSON serializable"),
-        ({"loss": float("nan")}, "Out of range float"),
+        ({"seen": object()}, "metadata['seen']: a builtins.object (not JSON)"),
+        ({"run": {"tags": [1, {"a", "b"}]}}, "metadata['run']['tags'][1]: a builtins.set (not JSON)"),
+        ({"loss": float("nan")}, "metadata['loss']: nan (JSON holds no NaN or infinity)"),
+        ({1: "one", "two": 2}, "metadata: keys of several types (int, str) that do not sort"),
         (_nested(5000), "nested deeper than 63 levels"),
     ],
-    ids=["not-json", "nan", "5000-deep"],
+    ids=["not-json", "not-json-inside", "nan", "mixed-keys", "5000-deep"],
 )
 def test_metadata_a_restore_would_not_read_is_refused_before_anything_is_written(tmp_path, metadata, reason):
     run = (str(tmp_path / "run"), None)
@@ -352,6 +354,21 @@ def test_metadata_a_restore_would_not_read_is_refused_before_anything_is_written
     assert isinstance(caught.value.__cause__, ExtraPieceError)
     assert reason in str(caught.value)
     assert _store(run).steps() == [] and debris(_store(run)) == []
+
+
+def test_a_diverged_runs_non_finite_metrics_are_dropped_with_a_warning_and_the_save_commits(run, caplog):
+    with _checkpointer(run, async_save=False) as ckpt:
+        ckpt.save(2, Trainer().state(), metrics={"loss": float("nan"), "grad_norm": float("inf"), "reward": 0.5})
+    assert _store(run).open(2).manifest.metadata["metrics"] == {"reward": 0.5}
+    assert "save of step 2: metrics not recorded, not finite: loss=nan, grad_norm=inf" in caplog.text
+
+
+def test_keep_best_passes_over_a_save_whose_metric_was_not_finite(run):
+    trainer, best = Trainer(), Retention(keep_best=1, metric="loss", lower_is_better=True)
+    with _checkpointer(run, async_save=False, retention=best) as ckpt:
+        for step, loss in ((1, 0.5), (2, 0.1), (3, float("nan")), (4, 0.9)):
+            ckpt.save(step, trainer.state(), metrics={"loss": loss})
+    assert _store(run).steps() == [2, 4]  # the best finite one, and the newest
 
 
 def test_a_closed_checkpointer_refuses_calls(tmp_path):

@@ -88,7 +88,7 @@ def test_committed_step_with_a_leftover_intent_is_refused_as_committed(store):
 def test_non_json_metadata_is_refused_and_nothing_is_committed(store):
     with store.begin(1) as txn:
         txn.write_bytes("a", b"1")
-        with pytest.raises(TypeError):
+        with pytest.raises(TypeError, match=r"metadata\['obj'\]: a builtins.object \(not JSON\)"):
             txn.commit({"obj": object()})
     assert store.steps() == []
 

@@ -46,7 +46,16 @@ from rlckpt.dataplane.snapshot_metadata import update_snapshot_metadata
 from rlckpt.dataplane.threads import run_blocking
 from rlckpt.errors import CheckpointError, CorruptBundleError
 from rlckpt.replay import GroupRecord, IndexCapture, ReplayBuffer
-from rlckpt.store import METRICS_KEY, BundleStore, BundleTransaction, Digest, Manifest, Receipt, Retention
+from rlckpt.store import (
+    METRICS_KEY,
+    BundleStore,
+    BundleTransaction,
+    Digest,
+    Manifest,
+    Receipt,
+    Retention,
+    finite_metrics,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -318,7 +327,7 @@ class PendingSave:
             "data_plane": dp.dp_metadata,
         }
         if parts.metrics is not None:
-            metadata[METRICS_KEY] = dict(parts.metrics())
+            metadata[METRICS_KEY] = finite_metrics(parts.metrics(), f"save of step {step}")
         _check_metadata(step, metadata)
         if parts.before_commit is not None:
             await parts.before_commit(step)

@@ -98,10 +98,12 @@ def metadata_of(
     user: Any,
 ) -> dict[str, Any]:
     """The manifest metadata of a save, checked as a restore will read it: against today's declaration, and
-    as the manifest will hold it (JSON, nested no deeper than readers take).
+    as the manifest will hold it (JSON, nested no deeper than readers take). `metrics` holds only finite
+    numbers by now (the save dropped the others: store.finite_metrics).
 
     Raises:
-        ExtraPieceError: the metrics or the caller's metadata would not be read; the save refuses it.
+        ExtraPieceError: the metrics or the caller's metadata would not be read; the save refuses it, naming
+            the path inside it (``metadata['seen']: a builtins.set (not JSON)``).
     """
     meta: dict[str, Any] = {
         FORMAT_KEY: CHECKPOINTER_BUNDLE_FORMAT,
@@ -114,6 +116,8 @@ def metadata_of(
     if user is not None:
         meta["user"] = user
     try:
+        check_metadata(user, "metadata")  # the caller's own names first: metadata['seen'], not ['user']['seen']
+        check_metadata(dict(metrics or {}), "metrics")
         CHECKPOINTER_BUNDLE.check(meta, "the metadata about to be committed")
         check_metadata(meta)
     except (CorruptBundleError, UnreadableBundleError, TypeError, ValueError) as exc:

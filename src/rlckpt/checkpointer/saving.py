@@ -18,7 +18,15 @@ from typing import Any
 
 from rlckpt.checkpoint.rank_save import StagedShards, stage_shards
 from rlckpt.errors import CheckpointerError, SaveTimeoutError, ShardWriteError
-from rlckpt.store import BundleStore, BundleTransaction, Digest, Receipt, TransactionHandle, validate_step
+from rlckpt.store import (
+    BundleStore,
+    BundleTransaction,
+    Digest,
+    Receipt,
+    TransactionHandle,
+    finite_metrics,
+    validate_step,
+)
 
 from .config import CheckpointerConfig
 from .pieces import EncodedPiece, encode_pieces, piece_path
@@ -104,6 +112,7 @@ class Saver:
             validate_step(step)
             if coordinator:
                 pieces = encode_pieces(extra, "extra")
+                metrics = finite_metrics(metrics or {}, f"save of step {step}")  # a diverged run still saves
                 metadata_of(self.ranks.world_size, {}, [], metrics, metadata)  # refused now, not at the commit
             rank_pieces = encode_pieces(rank_extra, f"rank {self.ranks.rank}'s rank_extra")
             staged = stage_shards(state)  # rlckpt train's trainer ranks stage with it too

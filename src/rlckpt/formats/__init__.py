@@ -1,7 +1,14 @@
 """Record declarations: each record's format, fields and kinds stated once, one check per record, and
 docs/formats.md rendered from them. Imports neither torch, Ray nor TransferQueue (the store uses it)."""
 
-from rlckpt.formats.json_text import MAX_JSON_DEPTH, json_depth, load_json, nested_deeper_than, quoted
+from rlckpt.formats.json_text import (
+    MAX_JSON_DEPTH,
+    json_depth,
+    json_problem,
+    load_json,
+    nested_deeper_than,
+    quoted,
+)
 from rlckpt.formats.plain import plain_int, plain_optional_int
 from rlckpt.formats.spec import (
     SHA256_HEX,
@@ -47,6 +54,7 @@ __all__ = [
     "Tuple",
     "field_path",
     "json_depth",
+    "json_problem",
     "nested_deeper_than",
     "load_json",
     "plain_int",

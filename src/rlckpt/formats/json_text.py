@@ -12,6 +12,7 @@ named by its first characters and its length, never echoed whole.
 from __future__ import annotations
 
 import json
+import math
 from itertools import accumulate
 from typing import Any
 
@@ -60,6 +61,38 @@ def nested_deeper_than(value: Any, limit: int) -> bool:
         children = item.values() if isinstance(item, dict) else item
         stack.extend((child, depth + 1) for child in children if isinstance(child, _CONTAINERS))
     return False
+
+
+def json_problem(value: Any, path: str) -> str | None:
+    """Where `value` holds what canonical JSON (sorted keys, no NaN) cannot, as a path from `path`
+    (``metadata['seen'][2]: a builtins.set``), or None. Walks without recursing, in the order json would;
+    call it after ``nested_deeper_than``, which bounds how deep it goes."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if item is None or isinstance(item, (str, int)):  # bool is an int
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return f"{where}: {item} (JSON holds no NaN or infinity)"
+            continue
+        if isinstance(item, (list, tuple)):
+            stack.extend((child, f"{where}[{i}]") for i, child in reversed(list(enumerate(item))))
+            continue
+        if isinstance(item, dict):
+            for key in item:
+                if not (key is None or isinstance(key, (str, int, float))):
+                    return f"{where}: a key of type {type(key).__name__} (JSON keys are strings)"
+            try:
+                keys = sorted(item)  # what json's sort_keys does, before it turns keys into strings
+            except TypeError:
+                found = ", ".join(sorted({type(key).__name__ for key in item}))
+                return f"{where}: keys of several types ({found}) that do not sort (JSON keys are strings)"
+            stack.extend((item[key], f"{where}[{quoted(key)}]") for key in reversed(keys))
+            continue
+        kind = type(item)
+        return f"{where}: a {kind.__module__}.{kind.__qualname__} (not JSON)"
+    return None
 
 
 def load_json(text: str | bytes, what: str, max_depth: int = MAX_JSON_DEPTH, **options: Any) -> Any:

@@ -19,7 +19,7 @@ from .manifest import COMMIT_FORMAT, MANIFEST_FORMAT, CommitMarker, CommitSignat
 from .participant import ParticipantWriter, Receipt, TransactionHandle, validate_participant
 from .paths import join_relpath, step_dirname, validate_relpath, validate_step
 from .replica import CopyReport, copy_bundle
-from .retention import METRICS_KEY, Retention
+from .retention import METRICS_KEY, Retention, finite_metrics
 from .run_record import RunRecord
 from .signing import (
     KeyPairFiles,
@@ -68,6 +68,7 @@ __all__ = [
     "VerifyKeyInput",
     "as_store_error",
     "copy_bundle",
+    "finite_metrics",
     "join_relpath",
     "open_location",
     "signing_key_of",

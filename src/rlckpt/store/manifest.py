@@ -23,6 +23,7 @@ from rlckpt.formats import (
     MapKey,
     Record,
     Refusal,
+    json_problem,
     load_json,
     nested_deeper_than,
     quoted,
@@ -57,20 +58,25 @@ def canonical_json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
-def check_metadata(metadata: Any) -> None:
-    """Refuse `metadata` no manifest could hold, before anything walks it recursively.
+def check_metadata(metadata: Any, what: str = "metadata") -> None:
+    """Refuse `metadata` no manifest could hold, before anything walks it recursively; `what` names it in
+    errors, and the path inside it leads there.
 
     Raises:
         UnreadableBundleError: nested deeper than readers take (found without recursing: a value 5,000
             deep is refused with its reason, not with RecursionError).
-        TypeError, ValueError: not JSON, or NaN or an infinity, as canonical_json refuses it.
+        TypeError, ValueError: not JSON, or NaN or an infinity, as canonical_json refuses it, naming where
+            (``metadata['seen']: a builtins.set (not JSON)``).
     """
     if nested_deeper_than(metadata, METADATA_MAX_DEPTH):
         raise UnreadableBundleError(
-            f"metadata is nested deeper than {METADATA_MAX_DEPTH} levels of objects and arrays (manifest.json, "
+            f"{what} is nested deeper than {METADATA_MAX_DEPTH} levels of objects and arrays (manifest.json, "
             f"which holds it, may nest {MAX_JSON_DEPTH}): readers would refuse the bundle"
         )
-    canonical_json(metadata)
+    problem = json_problem(metadata, what)
+    if problem is not None:
+        raise TypeError(problem)
+    canonical_json(metadata)  # what the manifest will be written with: whatever the walk missed
 
 
 def parse_canonical(data: bytes, what: str) -> dict[str, Any]:

@@ -13,12 +13,32 @@ deleted (kept and reported as corrupt).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 METRICS_KEY = "metrics"  # manifest metadata: {"metrics": {"reward": 0.81, ...}}
+
+logger = logging.getLogger(__name__)
+
+
+def finite_metrics(metrics: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """`metrics` without its NaN and infinite numbers (a diverged run's loss), each dropped with one warning
+    naming them: a diverged run still checkpoints, JSON holds no such number, and `keep_best` ranks only
+    bundles that record a finite value. Anything else is kept, for the record's own check to judge.
+
+    Raises:
+        TypeError: `metrics` is not a mapping.
+    """
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"{where}: metrics must be a mapping of name -> number, got {type(metrics).__name__}")
+    dropped = {name: value for name, value in metrics.items() if isinstance(value, float) and not math.isfinite(value)}
+    if dropped:
+        shown = ", ".join(f"{name}={value}" for name, value in dropped.items())
+        logger.warning("%s: metrics not recorded, not finite: %s (keep_best passes over this bundle)", where, shown)
+    return {name: value for name, value in metrics.items() if name not in dropped}
 
 
 @dataclass(frozen=True)
