@@ -108,6 +108,15 @@ def test_the_bundle_is_committed_with_every_file_digested_and_its_record(run):
     assert {"state/.metadata", "extra/loader.json"} <= set(bundle.manifest.files)
 
 
+def test_rlckpt_verify_names_a_checkpointer_bundle_and_its_own_format(tmp_path, capsys):
+    from rlckpt.cli.main import main
+
+    run = (str(tmp_path / "run"), None)
+    _saved(run, steps=(2,))
+    assert main(["verify", run[0]]) == 0
+    assert f"checkpointer-bundle format {CHECKPOINTER_BUNDLE_FORMAT}, written by rlckpt" in capsys.readouterr().out
+
+
 def test_a_run_without_a_committed_bundle_restores_nothing(run):
     with _checkpointer(run) as ckpt:
         assert ckpt.restore(Trainer().state()) is None

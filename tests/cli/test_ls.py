@@ -64,6 +64,15 @@ def test_ls_json_shows_what_wrote_each_bundle_in_either_manifest_format(run, cli
     ]
 
 
+def test_ls_json_names_each_bundles_kind_and_its_own_format(run, cli):
+    run.commit(1, metadata={"rlckpt_run_format": 3})
+    run.commit(2, metadata={"checkpointer_format": 1})
+    run.commit(3)
+    records = cli("ls", run.url, "--json", *run.options_args()).json()
+    kinds = [(r["step"], r["bundle_kind"], r["bundle_format"]) for r in records]
+    assert kinds == [(1, "run", 3), (2, "checkpointer", 1), (3, None, None)]
+
+
 def test_ls_shows_a_bundle_of_a_newer_manifest_format_as_newer_naming_it(run, cli):
     run.commit(1)
     fs, path = run.raw_path("step_1", "manifest.json")

@@ -103,6 +103,24 @@ def test_verify_says_what_wrote_a_format_2_bundle(run, cli):
     )
 
 
+@pytest.mark.parametrize(
+    ("metadata", "shown", "kind"),
+    [
+        ({"rlckpt_run_format": 3}, "run-bundle format 3", ("run", 3)),
+        ({"checkpointer_format": 1, "world_size": 2}, "checkpointer-bundle format 1", ("checkpointer", 1)),
+        ({"anything": "else"}, "no run-bundle or checkpointer-bundle format", (None, None)),
+    ],
+    ids=["run", "checkpointer", "neither"],
+)
+def test_verify_names_a_bundles_kind_and_its_own_format(run, cli, metadata, shown, kind):
+    run.commit(3, metadata=metadata)
+    result = cli("verify", run.url, "--step", "3", *run.options_args())
+    assert result.code == 0, result.err
+    assert f"manifest format 2, blake3, {shown}, written by rlckpt" in result.out
+    verdict = cli("verify", run.url, "--step", "3", "--json", *run.options_args()).json()["results"][0]
+    assert (verdict["bundle_kind"], verdict["bundle_format"]) == kind
+
+
 def test_verify_checks_a_hand_built_format_1_bundle_under_sha256(run, cli):
     run.commit(3)
     rewrite_as_format_1(run.store(), 3)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import rlckpt
+from rlckpt.checkpoint.kinds import CHECKPOINTER_FORMAT_KEY
 from rlckpt.errors import BundleFormatError, CorruptBundleError, ExtraPieceError, UnreadableBundleError
 from rlckpt.formats import Anything, Field, Int, ListOf, MapOf, Number, Record, Str
 from rlckpt.store import Bundle
@@ -30,7 +31,7 @@ from .pieces import KINDS, NAME_PATTERN, piece_path
 
 STATE_DIR = "state"  # the DCP checkpoint's directory inside the bundle
 STATE_METADATA = f"{STATE_DIR}/.metadata"
-FORMAT_KEY = "checkpointer_format"
+FORMAT_KEY = CHECKPOINTER_FORMAT_KEY
 # The Checkpointer-bundle format written today. 1: state/ (DCP) + extra pieces in json or pt.
 CHECKPOINTER_BUNDLE_FORMAT = 1
 

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+from rlckpt.checkpoint.kinds import KIND_KEYS, bundle_kind
 from rlckpt.checkpoint.layout import META_FORMAT
 from rlckpt.cli import _common
 
@@ -32,7 +33,8 @@ def add_parser(subparsers: Any) -> None:
             "List every step found in a store, committed or not: step, state, signature, size,\n"
             "files, creation time. States: committed, corrupt, newer, uncommitted, writing, stale.\n"
             "--json also shows what wrote each committed bundle: manifest_format, digest,\n"
-            "run_format, writer_version, and its signer: signed_by (a key id), run (the run id),\n"
+            "bundle_kind (run, checkpointer) and bundle_format, run_format, writer_version, and\n"
+            "its signer: signed_by (a key id), run (the run id),\n"
             "signature_checked."
         ),
         epilog=EPILOG,
@@ -46,8 +48,9 @@ def add_parser(subparsers: Any) -> None:
 
 def entry_record(entry: Any, signature_checked: bool = False) -> dict[str, Any]:
     """A store entry as a plain dict (the --json form): what wrote a committed bundle shows as its manifest
-    format, digest algorithm, run-bundle format (the raw value of its manifest metadata, as written) and
-    writer version; `signature_checked` says whether its signature was checked (a verify key was given)."""
+    format, digest algorithm, kind and that kind's format (`bundle_kind`, `bundle_format`; `run_format` the
+    run-bundle format alone, as written) and writer version; `signature_checked` says whether its signature
+    was checked (a verify key was given)."""
     record = (
         dataclasses.asdict(entry)
         if dataclasses.is_dataclass(entry) and not isinstance(entry, type)
@@ -55,6 +58,8 @@ def entry_record(entry: Any, signature_checked: bool = False) -> dict[str, Any]:
     )
     metadata = record.pop("metadata", None) or {}
     record["run_format"] = metadata.get(META_FORMAT)
+    kind = bundle_kind(metadata)
+    record["bundle_kind"], record["bundle_format"] = kind.kind, kind.format
     record["signature_checked"] = signature_checked
     return record
 
@@ -173,7 +178,7 @@ def run(args: argparse.Namespace) -> int:
     if args.remote is not None:
         return run_tiers(args, store)
     checked = store.verify_key is not None
-    records = [entry_record(e, checked) for e in store.entries(metadata_keys=(META_FORMAT,))]
+    records = [entry_record(e, checked) for e in store.entries(metadata_keys=KIND_KEYS)]
     if args.json:
         _common.print_json(records)
     elif records:

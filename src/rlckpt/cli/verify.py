@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from rlckpt.checkpoint.kinds import BundleKind, Kind, bundle_kind
 from rlckpt.checkpoint.layout import META_FORMAT
 from rlckpt.cli import _common
 from rlckpt.errors import (
@@ -44,9 +44,11 @@ cannot be used.
 class VerifyResult:
     """The verdict on one step: status is valid, corrupt, unsigned, bad_signature (those two only with a
     verify key), newer (written by a newer rlckpt: not read), uncommitted or missing. A bundle that opened
-    also says what wrote it: manifest format, digest algorithm, run-bundle format (the raw value of its
-    manifest metadata) and writer version; and who signed it: the key id (`signed_by`, None: unsigned),
-    the run id its COMMIT names, and whether the signature was checked against a verify key."""
+    also says what wrote it: manifest format, digest algorithm, its kind (`bundle_kind`: "run" for
+    `rlckpt train`'s, "checkpointer" for a Checkpointer's, None for neither) and that kind's format
+    (`bundle_format`; `run_format` is the run-bundle format alone, as earlier versions printed it), writer
+    version; and who signed it: the key id (`signed_by`, None: unsigned), the run id its COMMIT names, and
+    whether the signature was checked against a verify key."""
 
     step: int
     status: str
@@ -56,6 +58,8 @@ class VerifyResult:
     manifest_format: int | None = None
     digest: str | None = None
     run_format: Any = None
+    bundle_kind: Kind | None = None
+    bundle_format: Any = None
     writer_version: str | None = None
     signed_by: str | None = None
     run: str | None = None
@@ -70,7 +74,8 @@ def add_parser(subparsers: Any) -> None:
             "Verify a committed bundle: COMMIT marker, manifest digest, then the size and digest\n"
             "of every file (BLAKE3, or sha256 in bundles of manifest format 1). Without --step:\n"
             "the newest committed bundle (the one a resume loads). Each verdict says what wrote\n"
-            "the bundle: manifest format, digest algorithm, run-bundle format, writer version, and\n"
+            "the bundle: manifest format, digest algorithm, its kind and format (run bundle of\n"
+            "`rlckpt train`, or Checkpointer bundle), writer version, and\n"
             "who signed it. With --verify-key the signature is checked first (signed by that key,\n"
             "for this run, over this step and manifest)."
         ),
@@ -165,10 +170,13 @@ def _written_by(bundle: Any) -> dict[str, Any]:
         return {}
     manifest, commit = bundle.manifest, bundle.commit
     signature = None if commit is None else commit.signature
+    kind = bundle_kind(manifest.metadata)
     return {
         "manifest_format": manifest.format,
         "digest": "+".join(manifest.digest_algorithms) or None,
         "run_format": manifest.metadata.get(META_FORMAT),
+        "bundle_kind": kind.kind,
+        "bundle_format": kind.format,
         "writer_version": manifest.writer_version,
         "signed_by": None if signature is None else signature.key_id,
         "run": None if commit is None else commit.run,
@@ -198,14 +206,14 @@ def _describe(result: VerifyResult) -> str:
 
 
 def _provenance(result: VerifyResult) -> str:
-    run = "none" if result.run_format is None else json.dumps(result.run_format)
+    kind = BundleKind(result.bundle_kind, result.bundle_format).describe()
     writer = f"written by rlckpt {result.writer_version}" if result.writer_version else "writer not recorded"
     if result.signed_by is None:
         signed = "unsigned"
     else:
         signed = f"signed by key {result.signed_by}" + ("" if result.signature_checked else " (not checked)")
     return (
-        f"manifest format {result.manifest_format}, {result.digest or 'no files'}, run-bundle format {run}, "
+        f"manifest format {result.manifest_format}, {result.digest or 'no files'}, {kind}, "
         f"{writer}, {signed}"
     )
 
