@@ -266,6 +266,16 @@ class RankGroupError(CheckpointerError):
     Names the call and the cause; a save in flight is aborted."""
 
 
+class RankDiedError(RankGroupError):
+    """A peer's connection closed in the middle of a collective: its process ended (killed, crashed, or
+    exited without closing its Checkpointer), as gloo reports it within a second."""
+
+
+class RankTimeoutError(RankGroupError):
+    """A peer did not reach the same collective within the group's timeout (`group_timeout_s`): it is alive
+    but elsewhere (another call, a hang, still uploading)."""
+
+
 class ExtraPieceError(CheckpointerError, ValueError):
     """An extra piece of a Checkpointer save cannot be saved as a file no reader refuses: a name that is not
     1-64 of [A-Za-z0-9_-], a value that is neither plain JSON data nor tensors in plain containers (a custom

@@ -136,3 +136,4 @@ def test_a_rank_that_dies_mid_save_fails_the_save_on_the_others_without_a_hang(r
     outcome = ranks.records[0]["save_8_dead_rank"]
     assert outcome["save"]["raised"] is None
     assert outcome["wait"]["raised"] == "CheckpointerError" and "nothing committed" in outcome["wait"]["message"]
+    assert "rank 1 died: its connection closed" in outcome["wait"]["message"]  # not "... or did not reach ..."

@@ -22,11 +22,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rlckpt.errors import RankGroupError
+from rlckpt.errors import RankDiedError, RankGroupError, RankTimeoutError
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_GROUP_TIMEOUT_S = 900.0  # a collective waits this long for a peer (a rank still uploading its shards)
+
+# How gloo words what happened to a collective (its C++ transport's messages, as torch 2.13 raises them).
+_GLOO_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
+_GLOO_TIMED_OUT = ("Timed out", "timed out", "Application timeout caused pair closure")
 
 
 class RankGroup:
@@ -160,7 +164,28 @@ class RankGroup:
         return int(tensor.item())
 
     def _failed(self, what: str, exc: Exception) -> RankGroupError:
-        return RankGroupError(
-            f"rank {self.rank} of {self.world_size}: {what}: a rank died or did not reach the same call within "
-            f"{self.timeout_s:.0f}s ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
-        )
+        """What a failed collective means, in words: a peer that died (gloo saw its connection close), one
+        that did not come within the timeout, or gloo's own reason."""
+        detail = _first_sentence(exc)
+        where = f"rank {self.rank} of {self.world_size}: {what}"
+        # of two ranks, the peer is the other one; of more, gloo's message names an address, not a rank
+        peer = f"rank {1 - self.rank}" if self.world_size == 2 else "a rank"
+        if any(mark in detail for mark in _GLOO_PEER_GONE):
+            return RankDiedError(
+                f"{where}: {peer} died: its connection closed in the call (killed, crashed, or exited without "
+                f"closing its Checkpointer; see its log) (gloo: {detail})"
+            )
+        if any(mark in detail for mark in _GLOO_TIMED_OUT):
+            return RankTimeoutError(
+                f"{where}: {peer} did not reach the same call within {self.timeout_s:.0f}s: alive but elsewhere "
+                f"(every rank makes the same Checkpointer calls in the same order) (gloo: {detail})"
+            )
+        return RankGroupError(f"{where}: the collective failed ({type(exc).__name__}: {detail})")
+
+
+def _first_sentence(exc: Exception) -> str:
+    """gloo's message without its source location and its advice: ``Connection closed by peer [127.0.0.1]:4779``."""
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    if text.startswith("[") and "] " in text:  # [/__w/pytorch/.../pair.cc:553] Connection closed by peer ...
+        text = text.split("] ", 1)[1]
+    return text.split(". ", 1)[0].rstrip(".")

@@ -212,10 +212,7 @@ def _provenance(result: VerifyResult) -> str:
         signed = "unsigned"
     else:
         signed = f"signed by key {result.signed_by}" + ("" if result.signature_checked else " (not checked)")
-    return (
-        f"manifest format {result.manifest_format}, {result.digest or 'no files'}, {kind}, "
-        f"{writer}, {signed}"
-    )
+    return f"manifest format {result.manifest_format}, {result.digest or 'no files'}, {kind}, {writer}, {signed}"
 
 
 def run(args: argparse.Namespace) -> int:
