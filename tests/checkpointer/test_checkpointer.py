@@ -5,7 +5,10 @@ Its multi-rank behaviour (one rank failing, agreement, another world size) is in
 from __future__ import annotations
 
 import io
+import json
 import logging
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -312,6 +315,100 @@ def test_a_wait_that_times_out_once_the_commit_began_returns_the_committed_save(
         waiting = Background(ckpt.wait, 0)
         commit.release()
         assert waiting.result().step == 2
+    assert _store(run).steps() == [2]
+
+
+# --- a save in flight when the Checkpointer ends --------------------------------------------------------
+
+
+def _released_when_waited_for(ckpt: Checkpointer, write: PauseAt) -> None:
+    """Hold the save's write until the Checkpointer's close waits for it: the race a raise right after
+    `save()` makes, at its exact point (the save is still being written when the close begins)."""
+    original = ckpt.wait
+
+    def wait(timeout=None):
+        write.release()
+        return original(timeout)
+
+    ckpt.wait = wait  # type: ignore[method-assign]
+
+
+def test_a_save_in_flight_when_a_with_block_is_left_on_an_exception_is_finished_and_committed(run, caplog):
+    trainer = Trainer()
+    with PauseAt(torch.distributed.checkpoint, "save") as write:
+        ckpt = _checkpointer(run)
+        _released_when_waited_for(ckpt, write)
+        with pytest.raises(ValueError, match="the forward of step 3 failed"), ckpt:
+            ckpt.save(2, trainer.state())
+            write.wait_reached()  # staged, not written yet
+            raise ValueError("the forward of step 3 failed")
+    assert _store(run).steps() == [2]
+    assert (
+        "leaving the Checkpointer on an error (ValueError: the forward of step 3 failed): finishing the save of "
+        "step 2 first" in caplog.text
+    )
+    assert "the save of step 2 committed before the Checkpointer closed" in caplog.text
+
+
+def test_a_save_that_fails_while_the_checkpointer_closes_on_an_error_is_logged_with_the_resume_point(run, caplog):
+    trainer = Trainer()
+    _saved(run, steps=(1,))
+    with PauseAt(torch.distributed.checkpoint, "save") as write:
+        ckpt = _checkpointer(run, save_planner=FailingSavePlanner)
+        ckpt.committed_step = 1  # as a restore of step 1 would leave it
+        _released_when_waited_for(ckpt, write)
+        with pytest.raises(ValueError, match="boom"), ckpt:  # the error that led here is the one raised
+            ckpt.save(2, trainer.state())
+            write.wait_reached()
+            raise ValueError("boom")
+    assert _store(run).steps() == [1]
+    assert "injected: rank 0 fails to plan its write" in caplog.text and "the resume point is step 1" in caplog.text
+
+
+def test_ctrl_c_in_a_with_block_leaves_at_once_abandoning_the_save_in_flight(run, caplog):
+    trainer = Trainer()
+    with PauseAt(torch.distributed.checkpoint, "save") as write:
+        ckpt = _checkpointer(run)
+        with pytest.raises(KeyboardInterrupt), ckpt:
+            ckpt.save(2, trainer.state())
+            write.wait_reached()
+            raise KeyboardInterrupt
+    assert _store(run).steps() == []
+    assert "closing the Checkpointer (interrupted)" in caplog.text and "did not commit within 0.0s" in caplog.text
+
+
+_EXITS_WITH_A_SAVE_IN_FLIGHT = """
+import json, logging, sys
+import torch.distributed.checkpoint as dcp
+from rlckpt import Checkpointer
+from rlckpt.testing.checkpointer import Trainer
+from rlckpt.testing.pause import PauseAt
+
+logging.basicConfig(level=logging.WARNING)
+write = PauseAt(dcp, "save").__enter__()
+ckpt = Checkpointer(sys.argv[1], storage_options=json.loads(sys.argv[2]))
+original = ckpt.wait
+def wait(timeout=None):  # the write goes on only once the exit's close waits for it
+    write.release()
+    return original(timeout)
+ckpt.wait = wait
+ckpt.save(2, Trainer().state())
+write.wait_reached()
+raise RuntimeError("the forward of step 3 failed")  # uncaught: no with, no close
+"""
+
+
+def test_an_uncaught_exception_with_a_save_in_flight_finishes_the_save_before_the_interpreter_exits(run):
+    url, options = run
+    child = subprocess.run(
+        [sys.executable, "-c", _EXITS_WITH_A_SAVE_IN_FLIGHT, url, json.dumps(options)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert child.returncode == 1, child.stderr  # the exception's exit code, not an abort
+    assert "RuntimeError: the forward of step 3 failed" in child.stderr
+    assert "the interpreter is exiting with the Checkpointer open: finishing the save of step 2 first" in child.stderr
     assert _store(run).steps() == [2]
 
 

@@ -132,6 +132,16 @@ def test_saves_go_through_after_failed_ones(ranks):
     assert ranks.store.steps() == [1, 2, 6]
 
 
+def test_a_rank_that_raises_with_a_save_in_flight_finishes_it_as_its_checkpointer_closes(ranks):
+    """Rank 1 leaves its `with` block on an exception while its part of step 10 is still to be written: its close
+    finishes the save; rank 0, which went on, learns the commit."""
+    raised, waited = ranks.records[1]["save_10_raise"], ranks.records[0]["save_10_raise"]
+    assert raised == {"raised": "injected: rank 1's next forward fails", "committed_step": 10}
+    assert waited["wait"] == {"raised": None, "value": 10}
+    closing = BundleStore(scenarios.RanksSpec(ranks.url, ranks.options, ranks.workdir).closing_url, ranks.options)
+    assert closing.steps() == [10] and closing.open(10).manifest.metadata["world_size"] == 2
+
+
 def test_a_rank_that_dies_mid_save_fails_the_save_on_the_others_without_a_hang(ranks):
     outcome = ranks.records[0]["save_8_dead_rank"]
     assert outcome["save"]["raised"] is None

@@ -25,6 +25,12 @@ nothing unpickled where code could run (pieces.py).
 
 Every exchange between ranks happens on every rank whatever failed locally before it (a failure is carried
 as a message, never by skipping the collective), so a rank that fails never leaves the others waiting.
+
+A save that ``save()`` returned for is finished, not dropped, however the Checkpointer ends: ``close()``, a
+``with`` block left normally or on an exception, or the interpreter's exit with the Checkpointer still open
+(an uncaught exception in the training loop) all wait for it to commit or fail — on an error path for at most
+``group_timeout_s``, then it is aborted. Only Ctrl-C (KeyboardInterrupt) leaves at once, abandoning it. What
+cannot hold: a rank that died takes its part of the save with it, and the others' save fails ("rank 1 died").
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -108,6 +115,7 @@ class Checkpointer:
         if failure is not None:
             self._saver.close()
             raise rebuilt(failure, f"rank {self.ranks.rank}: the Checkpointer of {self.config.url} cannot start")
+        _close_at_exit(self)  # an uncaught exception ends the interpreter with it open: the save is finished then
 
     def _prepare_tiers(self) -> BackgroundReplication | None:
         """Rank 0 of a two-tier run: the tiers made one run (an empty local tier takes the remote tier's run
@@ -319,6 +327,7 @@ class Checkpointer:
                 logger.warning("closing with the replication of step(s) %s unfinished", unfinished)
         finally:
             self._closed = True
+            _OPEN.discard(self)
             if self._replication is not None:
                 self._replication.close()
             self._saver.close()
@@ -330,15 +339,74 @@ class Checkpointer:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:
             self.close()
-            return
-        try:  # leaving on an error: the save in flight is not waited for (abandoned unless committing)
-            self.close(timeout=0)
-        except Exception:
-            logger.warning("rank %d: closing after an error", self.rank, exc_info=True)
+        elif issubclass(exc_type, KeyboardInterrupt):  # Ctrl-C: stop at once (abandoned unless committing)
+            self._close_quietly(0, "interrupted")
+        else:
+            self.close_after_error(f"leaving the Checkpointer on an error ({exc_type.__name__}: {exc})")
+
+    def close_after_error(self, why: str) -> None:
+        """Close on an error path (`why`: what happened, for the log): the save in flight is finished first —
+        committed, or failed — within `group_timeout_s`, and what became of it is logged; nothing raises here,
+        so the error that led here is the one the caller sees. Call it on every rank that ends (the others
+        close as usual): a rank that died cannot, and the others' save then fails, logged as such."""
+        save = self._inflight
+        step = None if save is None or save.collected else save.step
+        if step is not None:
+            logger.warning(
+                "rank %d: %s: finishing the save of step %d first (at most %.0fs)",
+                self.rank,
+                why,
+                step,
+                self.config.group_timeout_s,
+            )
+        closed = self._close_quietly(self.config.group_timeout_s, why)
+        if closed and save is not None and step is not None and save.result is not None:
+            logger.warning("rank %d: the save of step %d committed before the Checkpointer closed", self.rank, step)
+
+    def _close_quietly(self, timeout: float, why: str) -> bool:
+        """`close(timeout)`, its failure logged rather than raised; whether it closed without one."""
+        try:
+            self.close(timeout=timeout)
+        except Exception as exc:
+            logger.error(
+                "rank %d: closing the Checkpointer (%s): %s; the resume point is step %s",
+                self.rank,
+                why,
+                exc,
+                self.committed_step,
+            )
+            return False
+        return True
 
     def _check_open(self) -> None:
         if self._closed:
             raise CheckpointerError(f"the Checkpointer of {self.config.url} is closed")
+
+
+# The Checkpointers of this process not closed yet, closed at the interpreter's exit by `_close_open`. It runs
+# as threading's shutdown begins (threading._register_atexit, CPython's hook that concurrent.futures uses
+# itself): before the thread pools a save writes through refuse new work, which they do by atexit's time.
+_OPEN: weakref.WeakSet[Checkpointer] = weakref.WeakSet()
+_HOOKED = False
+_HOOK_LOCK = threading.Lock()
+
+
+def _close_at_exit(ckpt: Checkpointer) -> None:
+    """Close `ckpt` at the interpreter's exit if nobody did (its save in flight finished first)."""
+    global _HOOKED
+    with _HOOK_LOCK:
+        if not _HOOKED:
+            threading._register_atexit(_close_open)  # type: ignore[attr-defined]
+            _HOOKED = True
+        _OPEN.add(ckpt)
+
+
+def _close_open() -> None:
+    """threading's shutdown: every Checkpointer still open (an uncaught exception, or no `close()`) finishes its
+    save in flight, as `close_after_error` does, then closes."""
+    for ckpt in list(_OPEN):
+        if not ckpt._closed:
+            ckpt.close_after_error("the interpreter is exiting with the Checkpointer open")
 
 
 def _left(deadline: float | None) -> float | None:

@@ -10,7 +10,10 @@ In order, on both ranks (an FSDP2 MLP + AdamW on a CPU mesh, gloo on 127.0.0.1):
     one whose planner rank 1 cannot even make: the same, at once on both (checkpoint/rank_save.py)
  5. stop agreement: rank 1 alone asks; both polls answer the same
  6. save of step 6 (the state of step 2): goes through after the failures
- 7. save of step 8 during which rank 1 dies (os._exit in its planner): rank 0's wait fails, without a hang
+ 7. in a run of its own (`closing_url`), a save of step 10 after which rank 1 raises inside its `with` block
+    while its write is still held (released once its close waits): rank 1's close finishes the save, rank 0's
+    wait returns the commit
+ 8. save of step 8 during which rank 1 dies (os._exit in its planner): rank 0's wait fails, without a hang
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 from rlckpt import Checkpointer
@@ -38,6 +42,7 @@ from rlckpt.testing.dcp_ranks import (
     sharded_policy,
     train_step,
 )
+from rlckpt.testing.pause import PauseAt
 
 DEAD_RANK_EXIT = 17
 
@@ -49,6 +54,11 @@ class RanksSpec:
     url: str
     storage_options: dict[str, Any] | None
     workdir: str
+
+    @property
+    def closing_url(self) -> str:
+        """The run of scenario 7 (a rank that raises with a save in flight)."""
+        return self.url + "-closing"
 
 
 class _Planners:
@@ -88,6 +98,31 @@ def _outcome(call: Any) -> dict[str, Any]:
         cause = exc.__cause__
         return {"raised": type(exc).__name__, "message": str(exc), "cause": type(cause).__name__ if cause else None}
     return {"raised": None, "value": value}
+
+
+def _raise_with_a_save_in_flight(rank: int, spec: RanksSpec, state: dict[str, Any]) -> dict[str, Any]:
+    """Scenario 7 on one rank: what it saw (rank 0: its wait's outcome; rank 1: what left its `with` block)."""
+    closing = Checkpointer(spec.closing_url, storage_options=spec.storage_options, group_timeout_s=60)
+    if rank == 0:
+        with closing:
+            closing.save(10, state)
+            return {"wait": _outcome(lambda: getattr(closing.wait(), "step", None))}
+    with PauseAt(dcp, "save") as write:
+        original = closing.wait
+
+        def wait(timeout: float | None = None) -> Any:  # the write goes on once the close waits for it
+            write.release()
+            return original(timeout)
+
+        closing.wait = wait  # type: ignore[method-assign]
+        try:
+            with closing:
+                closing.save(10, state)
+                write.wait_reached()  # staged, not written yet
+                raise ValueError("injected: rank 1's next forward fails")
+        except ValueError as exc:
+            return {"raised": str(exc), "committed_step": closing.committed_step}
+    return {"raised": None}
 
 
 def run(rank: int, world_size: int, port: int, spec: RanksSpec) -> None:
@@ -165,7 +200,10 @@ def run(rank: int, world_size: int, port: int, spec: RanksSpec) -> None:
         shared = {"loader": {"position": 6 if rank == 0 else -1}}  # only rank 0's is saved
         record("save_6", _outcome(lambda: ckpt.save(6, policy_state(model, optim), extra=shared, block=True) and None))
 
-        # 7: a rank dies mid-save
+        # 7: rank 1 raises right after save() returned, its write still held: its close finishes the save
+        record("save_10_raise", _raise_with_a_save_in_flight(rank, spec, policy_state(model, optim)))
+
+        # 8: a rank dies mid-save
         planners.how = "die"
         started = _outcome(lambda: ckpt.save(8, policy_state(model, optim)))
         record("save_8_dead_rank", {"save": started, "wait": _outcome(lambda: ckpt.wait() and None)})
