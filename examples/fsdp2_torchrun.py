@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from rlckpt import Checkpointer, SaveAndStop
+from rlckpt import Checkpointer, Restored, SaveAndStop
 from rlckpt.cli.checkpointer_args import add_checkpointer_arguments, config_from_args, stop_settings
 
 VOCAB, WIDTH, HEADS, LAYERS, SEQ = 32, 32, 4, 2, 16
@@ -132,26 +132,36 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Train, then tear the process group down on every path: exit 0 when training finished or stopped as asked,
+    1 after an exception (logged with its traceback) — the save it had staged finished first (`with Checkpointer`)."""
     args = parse(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     torch.set_num_threads(1)  # bit-exact on CPU needs the same thread count every run; 2 ranks share 2 cores
     dist.init_process_group("gloo")  # torchrun's environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+    summary, code = None, 0
     try:
         summary = train(args)
+    except Exception:
+        log.exception("rank %d: training failed", dist.get_rank())
+        code = 1
     finally:
         dist.destroy_process_group()
-        # Free what still holds a process group (FSDP's modules keep theirs in reference cycles) now, while the
-        # interpreter is alive: a gloo group first freed at its exit aborts the process now and then, its worker
-        # thread dropping a tensor after Python has stopped ("terminate called without an active exception",
-        # pytorch/pytorch#190489).
+        # Free what still holds a process group (FSDP's modules keep theirs in reference cycles, and so does a
+        # traceback) now, while the interpreter is alive: a gloo group first freed at its exit aborts the
+        # process now and then, its worker thread dropping a tensor after Python has stopped ("terminate called
+        # without an active exception", pytorch/pytorch#190489).
         gc.collect()
     if summary is not None:
         print(json.dumps(summary, sort_keys=True) if args.json else f"done: {summary}", flush=True)
-    return 0
+    return code
 
 
 def train(args: argparse.Namespace) -> dict[str, Any] | None:
-    """Train to `args.steps` from the newest bundle, saving as asked; rank 0's summary (None on the others)."""
+    """Train to `args.steps` from the newest bundle, saving as asked; rank 0's summary (None on the others).
+
+    The Checkpointer is closed by its `with` block on every path, before `main` destroys the process group:
+    on an exception the save already staged is finished first (bounded by the group timeout), so a step
+    saved before a crash is there to resume from."""
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
 
@@ -165,22 +175,54 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
     train_state = TrainState(model, optimizer)
     torch.manual_seed(args.seed + 1 + rank)  # each rank's dropout stream
 
-    ckpt = Checkpointer(config_from_args(args, args.run_dir))
-    stop = SaveAndStop(ckpt, **stop_settings(args))
-    stop.install()
-    restored = ckpt.restore({"train": train_state})
-    start = 0
-    if restored is not None:
-        start = restored.step
-        loader.load_state_dict(restored.extra["loader"])
-        if restored.rank_extra is not None:  # saved at this world size: this rank's own dropout stream
-            torch.set_rng_state(restored.rank_extra["rng"])
-        else:
-            torch.manual_seed(args.seed + 1 + rank + 1000 * start)
-        log.info("rank %d: resumed at step %d from %s", rank, start, restored.url)
+    with Checkpointer(config_from_args(args, args.run_dir)) as ckpt:
+        stop = SaveAndStop(ckpt, **stop_settings(args))
+        stop.install()
+        try:
+            restored = ckpt.restore({"train": train_state})
+            start = resume(restored, loader, args.seed, rank)
+            step = train_steps(args, ckpt, stop, model, optimizer, loader, train_state, start)
+        finally:
+            stop.uninstall()
+    digest = weights_digest(model)
+    if rank != 0:
+        return None
+    return {
+        "step": step,
+        "weights_sha256": digest,
+        "restored_from": restored.step if restored else None,
+        "stop_reason": stop.reason or "completed",
+        "last_committed_step": ckpt.committed_step,
+        "world_size": world,
+        "replicated": ckpt.replicated,
+    }
 
-    loss = None
-    step = start
+
+def resume(restored: Restored | None, loader: SyntheticLoader, seed: int, rank: int) -> int:
+    """Put the loader and this rank's RNG where the restored bundle left them; the step to go on from."""
+    if restored is None:
+        return 0
+    loader.load_state_dict(restored.extra["loader"])
+    if restored.rank_extra is not None:  # saved at this world size: this rank's own dropout stream
+        torch.set_rng_state(restored.rank_extra["rng"])
+    else:
+        torch.manual_seed(seed + 1 + rank + 1000 * restored.step)
+    log.info("rank %d: resumed at step %d from %s", rank, restored.step, restored.url)
+    return restored.step
+
+
+def train_steps(
+    args: argparse.Namespace,
+    ckpt: Checkpointer,
+    stop: SaveAndStop,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loader: SyntheticLoader,
+    train_state: TrainState,
+    step: int,
+) -> int:
+    """Train from `step` until `args.steps` or a stop, saving every `args.save_every` steps; the step reached."""
+    rank, world = dist.get_rank(), dist.get_world_size()
     while step < args.steps:
         batch = loader.next_batch()
         mine = batch[rank * len(batch) // world : (rank + 1) * len(batch) // world]
@@ -205,21 +247,7 @@ def train(args: argparse.Namespace) -> dict[str, Any] | None:
         if stopping:
             ckpt.wait(timeout=stop.grace_left())  # SaveTimeoutError when the grace period runs out first
             break
-
-    ckpt.close()
-    stop.uninstall()
-    digest = weights_digest(model)
-    if rank != 0:
-        return None
-    return {
-        "step": step,
-        "weights_sha256": digest,
-        "restored_from": restored.step if restored else None,
-        "stop_reason": stop.reason or "completed",
-        "last_committed_step": ckpt.committed_step,
-        "world_size": world,
-        "replicated": ckpt.replicated,
-    }
+    return step
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """examples/fsdp2_torchrun.py end to end: `torchrun --standalone --nproc-per-node 2` (gloo, FSDP2 on CPU), on local
 disk and on S3 (moto). A run to 6 steps in two parts (4, then 6) ends bit-identical to one run straight to 6, and
-SIGTERM to the torchrun job (which forwards it to its workers) saves the step the ranks reached and stops.
+SIGTERM to the torchrun job (which forwards it to its workers) saves the step the ranks reached and stops, and a
+rank whose training step raises exits 1 (not an abort) with the step it saved before committed.
 
 Each run is a fresh torchrun job (≈10-20 s here, mostly importing torch in three processes), shared by the
 tests through module fixtures.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +27,7 @@ from rlckpt.testing.store_checks import debris
 
 pytestmark = pytest.mark.slow
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fsdp2_torchrun.py"
+CRASHING = Path(__file__).resolve().parent / "example_crashing_at.py"
 RUN_TIMEOUT_S = 300
 
 
@@ -33,7 +36,7 @@ class Run:
     url: str
     options: dict[str, Any] | None
 
-    def command(self, *args: str) -> list[str]:
+    def command(self, *args: str, script: list[str] | None = None) -> list[str]:
         storage = ["--storage-options", json.dumps(self.options)] if self.options else []
         return [
             sys.executable,
@@ -42,7 +45,7 @@ class Run:
             "--standalone",
             "--nproc-per-node",
             "2",
-            str(EXAMPLE),
+            *(script or [str(EXAMPLE)]),
             "--run-dir",
             self.url,
             "--json",
@@ -157,4 +160,40 @@ def test_sigterm_to_the_torchrun_job_saves_the_step_the_ranks_reached(preempted)
     assert summary["last_committed_step"] == summary["step"]
     assert run.store().steps() == [summary["step"]]
     run.store().open(summary["step"]).verify()
+    assert debris(run.store()) == []
+
+
+@pytest.fixture(scope="module")
+def crashed(location) -> tuple[Run, subprocess.CompletedProcess[str]]:
+    """A run saving every 2 steps whose rank 1 raises in the forward of step 3, with step 2's save staged."""
+    run = location.run("crashed")
+    done = subprocess.run(
+        run.command("--steps", "6", "--save-every", "2", script=[str(CRASHING), "1", "3"]),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        env=_env(),
+    )
+    return run, done
+
+
+def test_a_rank_whose_training_step_raises_exits_1_rather_than_aborting(crashed):
+    _, done = crashed
+    assert done.returncode == 1, done.stderr[-4000:]
+    assert "injected: rank 1's forward of step 3 fails" in done.stderr
+    exits = _worker_exit_codes(done.stderr)
+    assert exits.get(1) == 1, done.stderr[-3000:]  # rank 0 exits 1 too, or is stopped by torchrun first
+    assert -6 not in exits.values() and "terminate called" not in done.stderr
+
+
+def _worker_exit_codes(stderr: str) -> dict[int, int]:
+    """Each failed worker's exit code, from torchrun's failure report."""
+    found = re.findall(r"rank\s+: (\d+) \(local_rank: \d+\)\n\s+exitcode\s+: (-?\d+)", stderr)
+    return {int(rank): int(code) for rank, code in found}
+
+
+def test_the_step_saved_before_a_rank_raised_is_committed(crashed):
+    run, done = crashed
+    assert run.store().steps() == [2], done.stderr[-4000:]
+    run.store().open(2).verify()
     assert debris(run.store()) == []
