@@ -128,6 +128,24 @@ def test_ls_replicated_to_table_says_what_the_remote_tier_lacks(local, run, cli)
     assert "holds no committed bundle; not replicated yet: step(s) 1, 2, 3" in result.out
 
 
+def test_ls_replicated_to_names_a_step_skipped_for_a_newer_replicated_one(local, run, cli):
+    cli("copy", local.url, run.url, "--step", "1", *_dest_args(run))
+    cli("copy", local.url, run.url, "--step", "3", *_dest_args(run))  # 2 waited, and 3 replaced it
+    record = cli("ls", local.url, "--replicated-to", run.url, "--json", *_remote_args(run)).json()
+    assert [(s["step"], s["skipped_for"]) for s in record["steps"]] == [(1, None), (2, 3), (3, None)]
+    assert record["not_replicated"] == []
+    table = cli("ls", local.url, "--replicated-to", run.url, *_remote_args(run))
+    assert "not replicated: skipped for step 3" in table.out
+    assert "holds the newest local bundle (step 3)" in table.out
+
+
+def test_ls_replicated_to_does_not_call_a_step_newer_than_every_replica_skipped(local, run, cli):
+    cli("copy", local.url, run.url, "--step", "2", *_dest_args(run))
+    record = cli("ls", local.url, "--replicated-to", run.url, "--json", *_remote_args(run)).json()
+    assert [(s["step"], s["skipped_for"]) for s in record["steps"]] == [(1, 2), (2, None), (3, None)]
+    assert record["not_replicated"] == [3]
+
+
 # --- a remote tier of another run ------------------------------------------------------------------
 
 

@@ -96,6 +96,7 @@ def tier_records(rows: list[Any]) -> list[dict[str, Any]]:
             "local": None if row.local is None else entry_record(row.local),
             "remote": None if row.remote is None else entry_record(row.remote),
             "replicated": row.replicated,
+            "skipped_for": row.skipped_for,
             "lag_s": row.lag_s,
         }
         for row in rows
@@ -103,8 +104,8 @@ def tier_records(rows: list[Any]) -> list[dict[str, Any]]:
 
 
 def render_tiers(records: list[dict[str, Any]]) -> str:
-    """The two-tier table: a step's state on each tier, its size, its local creation time and the seconds
-    from its local COMMIT to its remote one."""
+    """The two-tier table: a step's state on each tier, its size, its local creation time, the seconds
+    from its local COMMIT to its remote one, and a step passed over for a newer one."""
 
     def state(entry: dict[str, Any] | None) -> str:
         return "-" if entry is None else str(entry.get("state"))
@@ -115,6 +116,8 @@ def render_tiers(records: list[dict[str, Any]]) -> str:
         details = [str(e["detail"]) for e in (r["local"], r["remote"]) if e and e.get("detail")]
         if state(r["local"]) == state(r["remote"]) == "committed" and not r["replicated"]:
             details.append("another bundle of this step on each tier")
+        if r["skipped_for"] is not None:
+            details.append(f"not replicated: skipped for step {r['skipped_for']}")
         detail = " / ".join(details)
         lag = "-" if r["lag_s"] is None else f"{r['lag_s']:.1f}s"
         rows.append(

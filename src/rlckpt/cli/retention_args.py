@@ -82,7 +82,10 @@ def add_replication_arguments(parser: argparse.ArgumentParser | argparse._Argume
         type=positive_int,
         default=1,
         metavar="K",
-        help="replicate every K-th save (and the last one; default: every save)",
+        help=(
+            "replicate at most every K-th save, and the last one (default 1: every save, but a save still "
+            "waiting while a newer one is due is skipped for it; ls --replicated-to names it)"
+        ),
     )
     parser.add_argument(
         "--replicate-storage-options",

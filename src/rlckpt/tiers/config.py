@@ -13,8 +13,11 @@ DEFAULT_COPY_WORKERS = 4  # files copied at once: a replication shares the machi
 
 @dataclass(frozen=True)
 class ReplicationConfig:
-    """Replicate every `every`-th save of the run (steps that are multiples of `every` x the save period,
-    and the run's last save) from the local tier to `url`, keeping there what `retention` keeps."""
+    """Replicate at most every `every`-th save of the run (steps that are multiples of `every` x the save
+    period, and the run's last save) from the local tier to `url`, keeping there what `retention` keeps.
+    "At most": one replication runs at a time, and a due step still waiting when a newer one is due is
+    skipped for the newer one (the remote tier wants the newest state); `rlckpt ls --replicated-to`
+    names each step so skipped."""
 
     url: str
     storage_options: dict[str, Any] | None = None

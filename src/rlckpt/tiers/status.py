@@ -5,7 +5,7 @@ uses (holds.py): the same run and manifest digest in both COMMITs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rlckpt.store import BundleStore, StoreEntry
 
@@ -14,13 +14,16 @@ from rlckpt.store import BundleStore, StoreEntry
 class TierRow:
     """One step: its entry on each tier (None: absent there), whether the remote one is a replica of the
     local one (committed on both, the same run and manifest digest) and then the seconds from its local
-    COMMIT to its remote COMMIT."""
+    COMMIT to its remote COMMIT. A local committed step not replicated while a newer one was names that
+    one in `skipped_for`: replication is of at most every N-th save, and a step still waiting when a newer
+    one is submitted is skipped for it (or was never due)."""
 
     step: int
     local: StoreEntry | None
     remote: StoreEntry | None
     lag_s: float | None = None
     replicated: bool = False
+    skipped_for: int | None = None
 
 
 @dataclass(frozen=True)
@@ -48,11 +51,25 @@ def side_by_side(local: BundleStore, remote: BundleStore) -> tuple[list[TierRow]
             at_local, at_remote = local.committed_at(step), remote.committed_at(step)
             lag = None if at_local is None or at_remote is None else at_remote - at_local
         rows.append(TierRow(step, here, there, lag, replicated))
+    rows = _skipped(rows)
     committed_here = [s for s, e in mine.items() if _committed(e)]
     committed_there = [s for s, e in theirs.items() if _committed(e)]
     anchor = max((row.step for row in rows if row.replicated), default=None)
     behind = sorted(s for s in committed_here if anchor is None or s > anchor)
     return rows, TierLag(max(committed_here, default=None), max(committed_there, default=None), behind, anchor)
+
+
+def _skipped(rows: list[TierRow]) -> list[TierRow]:
+    """Each local committed step left out of replication while a newer one was replicated, with that step."""
+    newer: int | None = None
+    marked = []
+    for row in reversed(rows):
+        if row.replicated:
+            newer = row.step
+        elif newer is not None and _committed(row.local):
+            row = replace(row, skipped_for=newer)
+        marked.append(row)
+    return marked[::-1]
 
 
 def _replica(here: StoreEntry | None, there: StoreEntry | None) -> bool:
