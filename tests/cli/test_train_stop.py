@@ -21,6 +21,7 @@ from rlckpt.controller import setup
 from rlckpt.controller.stopping import StopOutcome, StopRequest
 from rlckpt.dataplane import ray_cluster
 from rlckpt.errors import CheckpointError
+from rlckpt.store import BundleStore
 from rlckpt.testing.signals import came_before_the_handler_ran
 
 
@@ -123,8 +124,9 @@ def test_a_sigterm_before_ray_starts_stops_the_start_up_with_nothing_to_save(cli
     monkeypatch.setattr(ray_cluster, "start_local_ray", _refuse_ray)
     result = cli("train", "--run-dir", run_dir, "--json")
     assert result.code == 0, result.err
-    assert "rlckpt train: preempted: nothing to save yet, stopped" in result.err
+    assert "rlckpt train: preempted: nothing new to save, at step 0, stopped" in result.err
     assert json.loads(result.out) == {
+        "step": 0,
         "stop_reason": "preempted",
         "final_save_aborted": False,
         "last_committed_step": None,
@@ -146,6 +148,34 @@ def _state(on_sigterm: str = "save", phase: Phase = Phase.STARTING, **kw) -> tra
         state.enter(phase)
     assert state.phase is phase
     return state
+
+
+def test_a_stop_before_any_step_of_a_restored_run_reports_the_step_it_stands_at(tmp_path, capsys):
+    store = BundleStore(str(tmp_path / "run"))
+    with store.begin(16) as tx:
+        tx.write_bytes("loader.pt", b"l" * 10)
+        tx.commit({"step": 16})
+    code = train_stop.report_stopped(store, store.url, reason="preempted", step=None, known_last=None, as_json=True)
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert "rlckpt train: preempted: nothing new to save, at step 16, stopped" in err
+    assert json.loads(out)["step"] == 16
+
+
+def test_a_stop_after_the_step_reached_committed_reports_that_step():
+    line = train_stop.stopped_line("preempted", 18, trained=True, step=18)
+    assert line == "rlckpt train: preempted: saved step 18, stopped"
+
+
+def test_a_run_that_trained_nothing_since_its_restore_says_so_with_the_step_it_stands_at():
+    line = train_stop.stopped_line("deadline", 16, trained=False, step=16)
+    assert line == "rlckpt train: deadline: nothing new to save, at step 16, stopped"
+
+
+def test_the_step_a_stopped_run_stands_at_is_the_step_reached_else_its_resume_point_else_0():
+    assert train_stop.standing_at(18, 16) == 18
+    assert train_stop.standing_at(None, 16) == 16
+    assert train_stop.standing_at(None, None) == 0
 
 
 def test_a_sigterm_during_start_up_stops_it_and_loses_nothing():

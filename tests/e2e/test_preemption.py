@@ -159,6 +159,7 @@ def test_a_second_sigterm_during_the_final_save_aborts_it_and_the_previous_bundl
     assert run.exit_code() == 143, run.stderr()[-3000:]
 
     assert run.summary() == {
+        "step": 4,  # the resume point: what was trained past it is lost
         "stop_reason": "preempted",
         "final_save_aborted": True,
         "last_committed_step": 4,
@@ -205,8 +206,9 @@ def test_a_sigterm_while_ray_starts_stops_the_start_up_with_nothing_to_save(tmp_
     run.gate("ray-init").open()
     assert run.exit_code() == 0, run.stderr()[-3000:]
 
-    assert "rlckpt train: preempted: nothing to save yet, stopped" in run.stderr()
+    assert "rlckpt train: preempted: nothing new to save, at step 0, stopped" in run.stderr()
     assert run.summary() == {
+        "step": 0,
         "stop_reason": "preempted",
         "final_save_aborted": False,
         "last_committed_step": None,
@@ -284,6 +286,7 @@ def test_a_final_save_on_a_silent_s3_is_abandoned_and_the_run_ends_while_s3_is_s
     assert code == 143, run.stderr()[-3000:]
 
     assert run.summary() == {
+        "step": 2,  # the resume point: what was trained past it is lost
         "stop_reason": "preempted",
         "final_save_aborted": True,
         "last_committed_step": 2,

@@ -60,7 +60,7 @@ SIGTERM saves and stops (--on-sigterm save, the default): the step in progress f
 bundle commits within --grace-seconds and the run exits 0 with the step it saved; a second SIGTERM
 or the grace period running out aborts that save cleanly (exit 143, the previous bundle stays the
 resume point), and the process ends within --grace-seconds + 30 s whatever the storage does. A
-SIGTERM during start-up stops it (exit 0, nothing to save yet). SIGTERM may reach every process of
+SIGTERM during start-up stops it (exit 0, nothing new to save). SIGTERM may reach every process of
 the job: the run's Ray processes leave it to this one. --save-by / --save-by-seconds end the run the
 same way at a deadline. Ctrl-C stops at once (exit 130).
 """
@@ -492,7 +492,8 @@ def _train(
         )
     if summary.stop_reason != "completed":
         last = summary.last_committed_step
-        print(train_stop.stopped_line(summary.stop_reason, last, trained=summary.steps_run > 0), file=sys.stderr)
+        line = train_stop.stopped_line(summary.stop_reason, last, trained=summary.steps_run > 0, step=summary.step)
+        print(line, file=sys.stderr)
     stop.outcome = _common.EXIT_OK
     return _common.EXIT_OK
 
@@ -511,6 +512,7 @@ def _overrun(args: argparse.Namespace, started: _Started) -> Callable[[int], Non
         )
         if args.json:
             record = {
+                "step": train_stop.standing_at(None, last),
                 "stop_reason": started.stopping,
                 "final_save_aborted": code != _common.EXIT_OK,
                 "last_committed_step": last,

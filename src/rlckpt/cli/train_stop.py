@@ -239,13 +239,20 @@ def describe_event(event: dict[str, Any]) -> str | None:
     return None
 
 
-def stopped_line(reason: str, last_committed_step: int | None, *, trained: bool) -> str:
+def stopped_line(reason: str, last_committed_step: int | None, *, trained: bool, step: int) -> str:
     """The last stderr line of a run that stopped early and lost nothing: the step it saved (its resume
-    point), or that it had trained nothing to save."""
+    point), or that it had trained nothing new since the step it stands at (restored, or 0)."""
     if trained and last_committed_step is not None:
         return f"rlckpt train: {reason}: saved step {last_committed_step}, stopped"
-    resume = "" if last_committed_step is None else f"; resume point: {last_committed_step}"
-    return f"rlckpt train: {reason}: nothing to save yet, stopped{resume}"
+    resume = "" if last_committed_step in (None, step) else f"; resume point: {last_committed_step}"
+    return f"rlckpt train: {reason}: nothing new to save, at step {step}, stopped{resume}"
+
+
+def standing_at(step: int | None, last_committed_step: int | None) -> int:
+    """The step a stopped run stands at: the step it reached, when known; else its resume point (0 fresh)."""
+    if step is not None:
+        return step
+    return 0 if last_committed_step is None else last_committed_step
 
 
 def report_stopped(
@@ -255,8 +262,9 @@ def report_stopped(
     that stopped at once after the step reached had committed): the stderr line, the ``--json`` line; 0."""
     bundles, last = _bundles_within(store, known_last)
     trained = step is not None and step > 0 and step == last
-    print(stopped_line(reason, last, trained=trained), file=sys.stderr)
-    _print_stop_json(as_json, reason=reason, aborted=False, last=last, bundles=bundles, run_dir=run_dir)
+    at = standing_at(step, last)
+    print(stopped_line(reason, last, trained=trained, step=at), file=sys.stderr)
+    _print_stop_json(as_json, reason=reason, aborted=False, step=at, last=last, bundles=bundles, run_dir=run_dir)
     return _common.EXIT_OK
 
 
@@ -273,15 +281,24 @@ def report_unsaved(
         message = "SIGTERM: stopped at once; a save in flight was aborted (nothing of it is committed)"
     bundles, last = _bundles_within(store, known_last)
     print(f"rlckpt train: {_common.printable(message)}; resume point: {last}", file=sys.stderr)
-    _print_stop_json(as_json, reason=reason, aborted=True, last=last, bundles=bundles, run_dir=run_dir)
+    at = standing_at(None, last)  # what it trained past its resume point is lost
+    _print_stop_json(as_json, reason=reason, aborted=True, step=at, last=last, bundles=bundles, run_dir=run_dir)
     return _common.EXIT_TERMINATED
 
 
 def _print_stop_json(
-    as_json: bool, *, reason: str, aborted: bool, last: int | None, bundles: list[int] | None, run_dir: str
+    as_json: bool,
+    *,
+    reason: str,
+    aborted: bool,
+    step: int,
+    last: int | None,
+    bundles: list[int] | None,
+    run_dir: str,
 ) -> None:
     if as_json:
         record = {
+            "step": step,
             "stop_reason": reason,
             "final_save_aborted": aborted,
             "last_committed_step": last,
