@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from rlckpt.testing.tq import connect_client, reset_tq_state, start_tq_session, stop_tq_session
+from support.tq import connect_client, reset_tq_state, start_tq_session, stop_tq_session
 
 MIB = 1024 * 1024
 PARTITION = "bench"

@@ -2,7 +2,7 @@
 
 Raw PUTs and GETs of 16 MiB objects (a shard file's size) through the S3 client the store builds (s3fs's, with
 the store's options), N at once, no hashing, no DCP: what no checkpoint library reaching this endpoint from one
-process can beat. `rlckpt bench policy` puts rlckpt and its peers against each other; this says how close the
+process can beat. `python -m benchmarks.policy` puts rlckpt and its peers against each other; this says how close the
 best of them is to the server.
 
     scripts/rgw.sh start   # Ceph RGW on 127.0.0.1:7480
@@ -30,9 +30,9 @@ from typing import Any
 
 from fsspec.asyn import sync
 
-from rlckpt.bench.etag_proxy import etag_proxy
+from benchmarks.lib.etag_proxy import etag_proxy
+from rlckpt.s3local import s3_options_for
 from rlckpt.store import open_location
-from rlckpt.testing.moto import s3_options_for
 
 OBJECT = 16 << 20
 

@@ -36,12 +36,12 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from rlckpt.bench.etag_proxy import etag_proxy
+from benchmarks.lib.etag_proxy import etag_proxy
 from rlckpt.dcp import BundleStorageWriter
+from rlckpt.s3local import s3_options_for
 from rlckpt.store import BundleStore, open_location
 from rlckpt.store.backends.s3_io import UPLOAD_SLOTS, UPLOADS_IN_FLIGHT
-from rlckpt.testing.dcp_ranks import quiet_dcp_warnings
-from rlckpt.testing.moto import s3_options_for
+from support.dcp_ranks import quiet_dcp_warnings
 
 TENSOR = 16 << 20
 SAMPLE_EVERY = 0.001

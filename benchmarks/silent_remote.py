@@ -1,7 +1,7 @@
 """Silent remote: the train step rate of a two-tier run whose remote tier accepts connections and never answers,
 against the same run with one tier (issue 24: within 1.2x).
 
-Each run is the controller's real loop, save procedure and retention (`rlckpt.testing.controller`, in
+Each run is the controller's real loop, save procedure and retention (`support.controller`, in
 process: one trainer rank, the in-memory data plane, the replication worker in a thread instead of a Ray
 actor — the same off-the-loop worker). Two tiers: the remote is a moto S3 server behind a forwarder that
 goes silent at the first save (`Outage.stall`: it takes every request and answers none), with the
@@ -31,9 +31,9 @@ from typing import Any
 from rlckpt.bench.harness import run_metadata
 from rlckpt.controller.config import TrainConfig
 from rlckpt.grpo import GRPOConfig
-from rlckpt.testing.controller import InProcessRun, run_in_process
-from rlckpt.testing.moto import make_s3fs, moto_server, s3_env, s3_options_for
-from rlckpt.testing.outage import Outage
+from rlckpt.s3local import make_s3fs, moto_server, s3_env, s3_options_for
+from support.controller import InProcessRun, run_in_process
+from support.outage import Outage
 
 TARGET = 1.2  # step time with a silent remote / without a remote tier
 RESULTS = Path(__file__).parent / "results"

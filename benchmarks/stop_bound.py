@@ -4,8 +4,8 @@
     .venv/bin/python benchmarks/stop_bound.py --grace 8 --grace 20 --repeat 2
 
 Each run is the real main job on a private Ray cluster, saving to a moto S3 server through a TCP
-forwarder (rlckpt.testing.outage): it is held while batch 3 is generated (step 2 committed, step 3
-reached; rlckpt.testing.gates), then gets one SIGTERM. With `answering` the final save of step 3
+forwarder (support.outage): it is held while batch 3 is generated (step 2 committed, step 3
+reached; support.gates), then gets one SIGTERM. With `answering` the final save of step 3
 commits; with `silent` the forwarder takes every request from the SIGTERM on and answers none, so the
 final save never gets an answer from S3. Measured: SIGTERM to process exit, its exit code, and what
 `--json` said. S3 answers again only after the process has exited. The bound the stop promises is
@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from rlckpt.controller.stopping import STOP_MARGIN_S
-from rlckpt.testing.gates import Gate
-from rlckpt.testing.moto import make_s3fs, moto_server, s3_env, s3_options_for
-from rlckpt.testing.outage import Outage
-from rlckpt.testing.train_cli import RUN_TIMEOUT_S, kill_run, train_command
+from rlckpt.s3local import make_s3fs, moto_server, s3_env, s3_options_for
+from support.gates import Gate
+from support.outage import Outage
+from support.train_cli import RUN_TIMEOUT_S, kill_run, train_command
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -58,7 +58,7 @@ def one_stop(endpoint: str, grace_s: float, silent: bool) -> dict[str, Any]:
             options,
             "--grace-seconds",
             f"{grace_s:g}",
-            module="rlckpt.testing.gates",
+            module="support.gates",
             prefix=(str(gates), "generate:3"),
         )
         out, err = work / "run.out", work / "run.err"

@@ -33,9 +33,9 @@ from typing import Any
 
 import fsspec
 
+from rlckpt.s3local import moto_server, s3_env_vars, s3_options_for
 from rlckpt.store import BundleStore
 from rlckpt.store.digest import WRITE_ALGORITHM, new_hasher
-from rlckpt.testing.moto import moto_server, s3_env_vars, s3_options_for
 
 MiB = 1 << 20
 KiB = 1 << 10

@@ -8,7 +8,7 @@
 #   bash scripts/rgw.sh stop     stop the daemons and remove the cluster directory
 #   bash scripts/rgw.sh status   is it up?
 #   bash scripts/rgw.sh gc       free deleted objects now (RGW's garbage collector, run to completion):
-#                                benchmarks run it between measurements (rlckpt bench policy --rgw-reclaim)
+#                                benchmarks run it between measurements (python -m benchmarks.policy --rgw-reclaim)
 #   bash scripts/rgw.sh install  only install the Debian packages
 #
 # Cluster: one mon, one memstore OSD (data in RAM), radosgw (beast) on 127.0.0.1:$RGW_PORT,

@@ -1,15 +1,18 @@
-"""Shared fixtures live in rlckpt.testing so benchmarks and scripts can reuse them."""
+"""The suite's plugins and groups. Its helpers live in tests/support (imported as `support`: pytest's
+`pythonpath` setting); the processes the tests start get it, and the repo root, on PYTHONPATH here."""
 
 import logging
 import os
+from pathlib import Path
 
 import pytest
 
-from rlckpt.testing.s3 import ENDPOINT_ENV
+_PATHS = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+os.environ["PYTHONPATH"] = os.pathsep.join([*_PATHS, *filter(None, [os.environ.get("PYTHONPATH")])])
 
 pytest_plugins = [
-    "rlckpt.testing.s3",
-    "rlckpt.testing.tq",
+    "support.s3",
+    "support.tq",
 ]
 
 
@@ -20,6 +23,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     tests on the session's TransferQueue (one TQ per worker would cost another ≈20 s and 2 GiB), and
     each end-to-end module (its runs start their own Ray clusters and share module fixtures).
     Everything else is spread over the workers beside them."""
+    from support.s3 import ENDPOINT_ENV  # a plugin of this suite: imported once pytest registered it
+
     if os.environ.get(ENDPOINT_ENV):
         elsewhere = [item for item in items if not _reaches_s3(item)]
         if elsewhere:

@@ -30,7 +30,7 @@ from rlckpt.bench.two_tiers import run_two_tiers, two_tier_document, two_tier_ta
 from rlckpt.checkpoint.row_copy import start_ray_row_copier
 from rlckpt.controller.connect import ConnectOnlyDataPlane
 from rlckpt.store import BundleStore
-from rlckpt.testing.tq import connect_client, reset_tq_state
+from support.tq import connect_client, reset_tq_state
 
 TINY_ROWS = RowShape(prompt_len=16, completion_len=64, group_size=4)
 

@@ -1,5 +1,5 @@
-"""`rlckpt bench policy` at a tiny size on local disk and the session's S3 server, so it cannot rot: every system
-measured at every point (rlckpt and DCP's writer on local disk; rlckpt, DCP's fsspec writer and, when installed,
+"""`python -m benchmarks.policy` at a tiny size on local disk and the session's S3 server, so it cannot rot: every
+system measured at every point (rlckpt and DCP's writer on local disk; rlckpt, DCP's fsspec writer and, when installed,
 s3torchconnector on S3), times and extra memory recorded, every load verified, the reports written, and the
 full matrix's command line parsed as the lead runs it. No timing assertions."""
 
@@ -8,11 +8,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from rlckpt.bench.destinations import local_destination, s3_destination
-from rlckpt.bench.digest_speed import digest_table, measure_digests
-from rlckpt.bench.etag_proxy import nginx_conf
-from rlckpt.bench.policy import (
+from benchmarks.lib.digest_speed import digest_table, measure_digests
+from benchmarks.lib.etag_proxy import nginx_conf
+from benchmarks.lib.policy import (
     DCP,
     FSSPEC,
     RLCKPT,
@@ -24,9 +22,11 @@ from rlckpt.bench.policy import (
     run_sweep,
     s3torchconnector_missing,
 )
-from rlckpt.bench.policy_report import policy_plot, policy_table, skipped_note, targets_summary
+from benchmarks.lib.policy_report import policy_plot, policy_table, skipped_note, targets_summary
+from benchmarks.policy import build_parser
+
+from rlckpt.bench.destinations import local_destination, s3_destination
 from rlckpt.bench.report import write_json
-from rlckpt.cli.main import build_parser
 
 
 def test_policy_bench_measures_every_system_verifies_every_load_and_writes_its_reports(tmp_path, s3_endpoint):
@@ -67,7 +67,7 @@ def test_the_full_matrix_command_line_is_accepted():
     import shlex
 
     command = (
-        "bench policy --sizes 256,1024,2048 --ranks 1,2,4 --destinations local,moto,rgw,rgw-proxy "
+        "--sizes 256,1024,2048 --ranks 1,2,4 --destinations local,moto,rgw,rgw-proxy "
         "--rgw-endpoint http://127.0.0.1:7480 --rgw-reclaim 'bash scripts/rgw.sh gc' --repeats 3"
     )
     args = build_parser().parse_args(shlex.split(command))
@@ -94,7 +94,7 @@ def test_digest_speeds_cover_sha256_and_blake3_on_one_and_all_threads():
 
 def test_a_rank_count_that_fails_is_reported_and_the_sweep_goes_on_with_what_it_measured(tmp_path, monkeypatch):
     """A multi-hour sweep loses one spawn (a server falling over at 4 ranks), not every point before it."""
-    import rlckpt.testing.dcp_ranks as dcp_ranks
+    import support.dcp_ranks as dcp_ranks
 
     def spawn(fn, ranks, job, timeout):
         if ranks == 2:
@@ -121,8 +121,9 @@ def test_a_rank_count_that_fails_is_reported_and_the_sweep_goes_on_with_what_it_
 def test_a_spawn_that_fails_partway_keeps_the_points_it_finished(tmp_path, monkeypatch):
     """RGW's OSD was OOM-killed at 4 ranks x 2 GiB, after five points of that spawn: they were lost with it when
     rank 0 wrote its points only at the spawn's end. Now each point is kept as it ends."""
-    import rlckpt.testing.dcp_ranks as dcp_ranks
-    from rlckpt.bench import policy
+    from benchmarks.lib import policy
+
+    import support.dcp_ranks as dcp_ranks
 
     finished = {
         "size_mib": 256.0,
@@ -160,10 +161,10 @@ def test_a_peer_that_fails_at_one_point_is_not_measured_there_and_the_sweep_goes
     """A server that times the connector out once (4 ranks x 1 GiB through the proxy) costs that peer that
     point, not the rank count's other points nor rlckpt's measurements."""
     import torch
+    from benchmarks.lib import policy
 
-    from rlckpt.bench import policy
-    from rlckpt.testing.dcp_ranks import process_group
-    from rlckpt.testing.moto import free_port
+    from rlckpt.s3local import free_port
+    from support.dcp_ranks import process_group
 
     real_save = policy._Systems.save
 
@@ -200,10 +201,10 @@ def test_every_system_saves_and_loads_each_sizes_state_once_untimed_before_its_t
     again): whoever went first at a size paid it alone. Now every system first saves and loads the point's own
     state once, untimed, and only the repeats after it are measured."""
     import torch
+    from benchmarks.lib import policy
 
-    from rlckpt.bench import policy
-    from rlckpt.testing.dcp_ranks import flat_tensors, process_group
-    from rlckpt.testing.moto import free_port
+    from rlckpt.s3local import free_port
+    from support.dcp_ranks import flat_tensors, process_group
 
     calls: list[tuple[str, str, int]] = []
     real_save, real_load = policy._Systems.save, policy._Systems.load
@@ -243,8 +244,7 @@ def test_removing_what_a_failed_save_never_wrote_still_meets_the_other_ranks(tmp
     collective ahead: the 4-rank sweep on RGW stalled with rank 0 in the next save's gather and the others in
     the barrier before it, or went on pairing the wrong collectives and reporting every load a MISMATCH."""
     import torch.distributed as dist
-
-    from rlckpt.bench import policy
+    from benchmarks.lib import policy
 
     met: list[int] = []
     monkeypatch.setattr(dist, "barrier", lambda *args, **kwargs: met.append(rank))
@@ -263,8 +263,7 @@ def test_the_servers_reclaim_command_runs_on_rank_0_after_each_removal_before_th
     import sys
 
     import torch.distributed as dist
-
-    from rlckpt.bench import policy
+    from benchmarks.lib import policy
 
     log = tmp_path / "reclaimed"
     at_barrier: list[str] = []
@@ -282,8 +281,7 @@ def test_the_servers_reclaim_command_runs_on_rank_0_after_each_removal_before_th
 
 def test_a_reclaim_command_that_fails_is_logged_and_the_sweep_goes_on(tmp_path, s3_endpoint, monkeypatch, caplog):
     import torch.distributed as dist
-
-    from rlckpt.bench import policy
+    from benchmarks.lib import policy
 
     monkeypatch.setattr(dist, "barrier", lambda *a, **k: None)
     dest = s3_destination("s3-moto", s3_endpoint)
@@ -303,8 +301,8 @@ def test_a_peer_save_through_the_proxy_is_shown_but_not_compared_and_its_direct_
     """On RGW reached directly the connector can only save through the ETag proxy: its save is not where
     rlckpt's ran, so no save target judges rlckpt against it and the table shows it in parentheses; its load
     ran direct, beside rlckpt's, and is judged."""
-    from rlckpt.bench.policy import Measurement, PointResult
-    from rlckpt.bench.policy_report import proxied_note
+    from benchmarks.lib.policy import Measurement, PointResult
+    from benchmarks.lib.policy_report import proxied_note
 
     def m(system, save_s, load_s):
         return Measurement(system, 0, save_s, load_s, True, save_extra_mib=10.0, load_extra_mib=10.0)
@@ -325,12 +323,13 @@ def test_a_peer_save_through_the_proxy_is_shown_but_not_compared_and_its_direct_
 
 
 def policy_cli(tmp_path, monkeypatch, sweep):
-    """`rlckpt bench policy --quick` on local disk with `sweep` in place of the measuring: what main returns."""
-    from rlckpt.bench import policy
-    from rlckpt.cli.main import main
+    """`python -m benchmarks.policy --quick` on local disk with `sweep` in place of the measuring: what main
+    returns."""
+    from benchmarks.lib import policy
+    from benchmarks.policy import main
 
     monkeypatch.setattr(policy, "run_sweep", sweep)
-    return main(["bench", "policy", "--quick", "--destinations", "local", "--out", str(tmp_path / "p.json")])
+    return main(["--quick", "--destinations", "local", "--out", str(tmp_path / "p.json")])
 
 
 def test_a_sweep_that_measured_nothing_writes_its_table_and_no_plot(tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
-"""`rlckpt bench store` runs end to end at tiny counts on local disk and the moto server, and counts what it
-reports (figures are not checked: speed is not a test)."""
+"""`python -m benchmarks.store_scale` runs end to end at tiny counts on local disk and the moto server, and counts
+what it reports (figures are not checked: speed is not a test)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 def test_quick_store_benchmark_writes_json_and_markdown_for_local_and_s3(tmp_path):
     out_dir = tmp_path / "results"
     proc = subprocess.run(
-        [sys.executable, "-m", "rlckpt.cli.main", "bench", "store", "--quick", "--out-dir", str(out_dir)],
+        [sys.executable, "-m", "benchmarks.store_scale", "--quick", "--out-dir", str(out_dir)],
         capture_output=True,
         text=True,
         timeout=300,

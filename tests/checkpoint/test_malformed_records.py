@@ -22,9 +22,9 @@ from rlckpt.dataplane.rows_snapshot import encode_rows
 from rlckpt.errors import CheckpointError, CorruptBundleError
 from rlckpt.grpo import GRPOConfig
 from rlckpt.store import BundleStore
-from rlckpt.testing.controller import run_in_process
-from rlckpt.testing.dcp_ranks import quiet_dcp_warnings
-from rlckpt.testing.forge import forge_step
+from support.controller import run_in_process
+from support.dcp_ranks import quiet_dcp_warnings
+from support.forge import forge_step
 
 quiet_dcp_warnings()
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

@@ -22,15 +22,15 @@ from rlckpt.errors import CheckpointError
 from rlckpt.grpo import Trainer
 from rlckpt.replay import REPLAY_INDEX_FORMAT, DataPlaneCheckpointBarrier, ReplayBuffer
 from rlckpt.store import BundleStore
-from rlckpt.testing.dcp_ranks import bitwise_equal, flat_tensors, full_state, run_ranks
-from rlckpt.testing.old_bundles import (
+from support.dcp_ranks import bitwise_equal, flat_tensors, full_state, run_ranks
+from support.old_bundles import (
     CONFIG,
     SAVED_STEP,
     OldBundle,
     load_whole_policy_into_ranks,
     whole_policy_location,
 )
-from rlckpt.testing.tq import restore_in_fresh_cluster
+from support.tq import restore_in_fresh_cluster
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 OLD = {n: OldBundle(FIXTURES / f"run_format_{n}", n) for n in (1, 2)}

@@ -22,7 +22,7 @@ from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
 from rlckpt.errors import InventoryMismatchError
 from rlckpt.replay import DataPlaneCheckpointBarrier, ReplayBuffer
 from rlckpt.store import BundleStore
-from rlckpt.testing.store_checks import debris
+from support.store_checks import debris
 
 GROUP = 4
 PARTITION = "rollouts"

@@ -21,8 +21,8 @@ from rlckpt.errors import (
 )
 from rlckpt.grpo import GRPOConfig
 from rlckpt.store import COMMIT_FORMAT, BundleStore
-from rlckpt.testing.controller import run_in_process
-from rlckpt.testing.store_checks import rewrite_as_format_1
+from support.controller import run_in_process
+from support.store_checks import rewrite_as_format_1
 
 SMALL = GRPOConfig(group_size=4, prompts_per_step=4)
 

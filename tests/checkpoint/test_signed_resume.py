@@ -19,9 +19,9 @@ from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
 from rlckpt.errors import CheckpointError, RunIdentityError
 from rlckpt.grpo import GRPOConfig
 from rlckpt.store import COMMIT_FORMAT, BundleStore, SigningKey
-from rlckpt.testing.controller import InProcessRun, run_in_process
-from rlckpt.testing.dcp_ranks import quiet_dcp_warnings
-from rlckpt.testing.forge import commit_json, forge_step, put_commit_json
+from support.controller import InProcessRun, run_in_process
+from support.dcp_ranks import quiet_dcp_warnings
+from support.forge import commit_json, forge_step, put_commit_json
 
 quiet_dcp_warnings()
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

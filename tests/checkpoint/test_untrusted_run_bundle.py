@@ -23,9 +23,9 @@ from rlckpt.errors import CheckpointError
 from rlckpt.grpo import GRPOConfig
 from rlckpt.grpo.trainer import Trainer
 from rlckpt.store import BundleStore
-from rlckpt.testing.controller import run_in_process
-from rlckpt.testing.dcp_ranks import quiet_dcp_warnings
-from rlckpt.testing.forge import RunsCode, code_pickle, code_torch_save, forge_step
+from support.controller import run_in_process
+from support.dcp_ranks import quiet_dcp_warnings
+from support.forge import RunsCode, code_pickle, code_torch_save, forge_step
 
 quiet_dcp_warnings()
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

@@ -29,11 +29,11 @@ from rlckpt.errors import (
     UnsafeContentError,
 )
 from rlckpt.store import BundleStore, BundleTransaction, Retention, SigningKey
-from rlckpt.testing.checkpointer import FailingSavePlanner, Trainer
-from rlckpt.testing.dcp_ranks import bitwise_equal, quiet_dcp_warnings
-from rlckpt.testing.forge import copy_bundle, rewrite_run_record
-from rlckpt.testing.pause import Background, PauseAt
-from rlckpt.testing.store_checks import corrupt_file, debris
+from support.checkpointer import FailingSavePlanner, Trainer
+from support.dcp_ranks import bitwise_equal, quiet_dcp_warnings
+from support.forge import copy_bundle, rewrite_run_record
+from support.pause import Background, PauseAt
+from support.store_checks import corrupt_file, debris
 
 quiet_dcp_warnings()
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -381,8 +381,8 @@ _EXITS_WITH_A_SAVE_IN_FLIGHT = """
 import json, logging, sys
 import torch.distributed.checkpoint as dcp
 from rlckpt import Checkpointer
-from rlckpt.testing.checkpointer import Trainer
-from rlckpt.testing.pause import PauseAt
+from support.checkpointer import Trainer
+from support.pause import PauseAt
 
 logging.basicConfig(level=logging.WARNING)
 write = PauseAt(dcp, "save").__enter__()

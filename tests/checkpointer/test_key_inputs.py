@@ -16,8 +16,8 @@ from rlckpt.checkpointer import CheckpointerConfig
 from rlckpt.controller.config import TrainConfig
 from rlckpt.errors import KeyFileError
 from rlckpt.store import BundleStore, SigningKey, VerifyKey, write_key_pair
-from rlckpt.testing.permissions import mode_enforced
 from rlckpt.tiers import ReplicationConfig
+from support.permissions import mode_enforced
 
 
 @pytest.fixture

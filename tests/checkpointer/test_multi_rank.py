@@ -2,7 +2,7 @@
 failure fails the save on both and commits nothing, without a hang, even when it fails before the exchange or
 dies; a stop asked on one rank is agreed by both; bundles move between world sizes 1 and 2 bit for bit.
 
-The ranks run once per backend (rlckpt.testing.checkpointer_ranks: a spawn costs seconds) and record what they
+The ranks run once per backend (support.checkpointer_ranks: a spawn costs seconds) and record what they
 saw; each test asserts one behaviour on those records or on the store they left.
 """
 
@@ -18,12 +18,12 @@ import pytest
 import torch
 
 from rlckpt import Checkpointer
+from rlckpt.s3local import make_s3fs
 from rlckpt.store import BundleStore
-from rlckpt.testing import checkpointer_ranks as scenarios
-from rlckpt.testing.checkpointer import Trainer
-from rlckpt.testing.dcp_ranks import bitwise_equal, flat_tensors, quiet_dcp_warnings, run_ranks
-from rlckpt.testing.moto import make_s3fs
-from rlckpt.testing.store_checks import debris
+from support import checkpointer_ranks as scenarios
+from support.checkpointer import Trainer
+from support.dcp_ranks import bitwise_equal, flat_tensors, quiet_dcp_warnings, run_ranks
+from support.store_checks import debris
 
 quiet_dcp_warnings()
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

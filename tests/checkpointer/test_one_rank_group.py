@@ -8,9 +8,9 @@ import torch.distributed as dist
 
 from rlckpt import Checkpointer
 from rlckpt.checkpointer import SaveAndStop
-from rlckpt.testing.checkpointer import Trainer
-from rlckpt.testing.dcp_ranks import GROUP_TIMEOUT, bitwise_equal, quiet_dcp_warnings
-from rlckpt.testing.moto import free_port
+from rlckpt.s3local import free_port
+from support.checkpointer import Trainer
+from support.dcp_ranks import GROUP_TIMEOUT, bitwise_equal, quiet_dcp_warnings
 
 quiet_dcp_warnings()
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlckpt.testing.dcp_ranks import quiet_dcp_warnings
+from support.dcp_ranks import quiet_dcp_warnings
 
 quiet_dcp_warnings()
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

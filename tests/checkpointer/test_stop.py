@@ -12,8 +12,8 @@ import pytest
 
 from rlckpt import Checkpointer
 from rlckpt.checkpointer import SaveAndStop
-from rlckpt.testing.pause import Background
-from rlckpt.testing.signals import came_before_the_handler_ran
+from support.pause import Background
+from support.signals import came_before_the_handler_ran
 
 
 class Clock:

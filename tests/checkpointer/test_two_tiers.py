@@ -10,10 +10,10 @@ import pytest
 
 from rlckpt import Checkpointer
 from rlckpt.store import BundleStore, Retention
-from rlckpt.testing.checkpointer import Trainer
-from rlckpt.testing.dcp_ranks import bitwise_equal, quiet_dcp_warnings
-from rlckpt.testing.pause import PauseAt
 from rlckpt.tiers import BundleReplicator, ReplicationConfig
+from support.checkpointer import Trainer
+from support.dcp_ranks import bitwise_equal, quiet_dcp_warnings
+from support.pause import PauseAt
 
 quiet_dcp_warnings()
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

@@ -12,7 +12,7 @@ import pytest
 
 from rlckpt.cli.main import main
 from rlckpt.store import BundleStore
-from rlckpt.testing.store_checks import stored_path
+from support.store_checks import stored_path
 
 
 @dataclass

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rlckpt.store import BundleStore
-from rlckpt.testing.store_checks import declare_writers_dead
+from support.store_checks import declare_writers_dead
 
 
 def _states(cli, run):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import rlckpt
-from rlckpt.testing.store_checks import rewrite_as_format_1, rewrite_manifest
+from support.store_checks import rewrite_as_format_1, rewrite_manifest
 
 
 def test_ls_table_lists_each_committed_step_with_its_file_count(run, cli):

@@ -12,7 +12,7 @@ import stat
 import pytest
 
 from rlckpt.store import BundleStore, SigningKey, write_key_pair
-from rlckpt.testing.forge import carry_signature, copy_bundle, forge_step, rewrite_run_record
+from support.forge import carry_signature, copy_bundle, forge_step, rewrite_run_record
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ import json
 import pytest
 
 from rlckpt.cli import _common, ls
+from rlckpt.s3local import free_port
 from rlckpt.store import BundleStore
 from rlckpt.store.location import S3_CLIENT_DEFAULTS
-from rlckpt.testing.moto import free_port
-from rlckpt.testing.permissions import mode_enforced
+from support.permissions import mode_enforced
 
 COMMANDS = ["ls", "verify", "gc"]
 

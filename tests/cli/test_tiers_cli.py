@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from rlckpt.testing.store_checks import corrupt_file
+from support.store_checks import corrupt_file
 
 from .conftest import Run
 

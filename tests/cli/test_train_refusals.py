@@ -15,8 +15,8 @@ import pytest
 
 from rlckpt.dataplane import ray_cluster
 from rlckpt.errors import ClusterUnavailableError
+from rlckpt.s3local import free_port
 from rlckpt.store import BundleStore
-from rlckpt.testing.moto import free_port
 
 DEEP_JSON = '{"a": ' * 1000 + "1" + "}" * 1000
 

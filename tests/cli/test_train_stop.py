@@ -22,7 +22,7 @@ from rlckpt.controller.stopping import StopOutcome, StopRequest
 from rlckpt.dataplane import ray_cluster
 from rlckpt.errors import CheckpointError
 from rlckpt.store import BundleStore
-from rlckpt.testing.signals import came_before_the_handler_ran
+from support.signals import came_before_the_handler_ran
 
 
 def _parse(*argv: str):

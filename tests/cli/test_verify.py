@@ -10,7 +10,7 @@ import pytest
 
 import rlckpt
 from rlckpt.store import COMMIT_FORMAT
-from rlckpt.testing.store_checks import raw_path, rewrite_as_format_1
+from support.store_checks import raw_path, rewrite_as_format_1
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 

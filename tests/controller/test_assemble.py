@@ -26,7 +26,7 @@ from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
 from rlckpt.errors import InventoryMismatchError, ReplayStateError
 from rlckpt.grpo import DigitSumTask, GenerationWorker, GRPOConfig, PromptLoader
 from rlckpt.store import BundleStore
-from rlckpt.testing.controller import InMemoryDataPlaneSpec, run_in_process
+from support.controller import InMemoryDataPlaneSpec, run_in_process
 
 SMALL = GRPOConfig(group_size=4, prompts_per_step=4)
 

@@ -20,7 +20,7 @@ from rlckpt.grpo import (
 )
 from rlckpt.store import BundleStore
 from rlckpt.store.paths import step_dirname
-from rlckpt.testing.controller import InProcessRun, run_in_process
+from support.controller import InProcessRun, run_in_process
 
 SMALL = GRPOConfig(group_size=4, prompts_per_step=4)
 

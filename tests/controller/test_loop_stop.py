@@ -18,9 +18,9 @@ from rlckpt.controller.trainer_group import LocalTrainerGroup
 from rlckpt.errors import FinalSaveAbortedError
 from rlckpt.grpo import GRPOConfig
 from rlckpt.store import BundleStore, BundleTransaction
-from rlckpt.testing.controller import InProcessRun, run_in_process
-from rlckpt.testing.pause import PauseAt
-from rlckpt.testing.store_checks import debris
+from support.controller import InProcessRun, run_in_process
+from support.pause import PauseAt
+from support.store_checks import debris
 
 SMALL = GRPOConfig(group_size=4, prompts_per_step=4)
 LONG_GRACE = StopRequest("preempted", grace_s=600.0)  # never what ends a test: every stop here has its hold

@@ -17,8 +17,8 @@ from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.replication import RayReplicator, start_ray_replicator
 from rlckpt.errors import StoreUnavailableError
 from rlckpt.store import BundleStore
-from rlckpt.testing.store_checks import save_sample
 from rlckpt.tiers import ReplicationQueue
+from support.store_checks import save_sample
 
 pytestmark = pytest.mark.slow
 

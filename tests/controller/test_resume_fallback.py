@@ -13,8 +13,8 @@ from rlckpt.controller.config import TrainConfig
 from rlckpt.errors import CheckpointError
 from rlckpt.grpo import GRPOConfig
 from rlckpt.store import BundleStore
-from rlckpt.testing.controller import run_in_process
-from rlckpt.testing.store_checks import all_paths, corrupt_file
+from support.controller import run_in_process
+from support.store_checks import all_paths, corrupt_file
 
 POLICY_SHARD = "policy/__0_0.distcp"  # rank 0's shard file (DCP's name) in a bundle's policy/
 SMALL = GRPOConfig(group_size=4, prompts_per_step=4)

@@ -16,8 +16,8 @@ from rlckpt.controller.trainer_group import LocalTrainerGroup, TrainerGroup
 from rlckpt.errors import TrainerGroupError
 from rlckpt.grpo import DigitSumTask, GRPOConfig, TrainBatch
 from rlckpt.store import BundleStore
-from rlckpt.testing.batches import initial_weight_batches
-from rlckpt.testing.rank_faults import FailRankSave
+from support.batches import initial_weight_batches
+from support.rank_faults import FailRankSave
 
 pytestmark = pytest.mark.slow
 CONFIG = GRPOConfig(group_size=4, prompts_per_step=4)

@@ -16,9 +16,9 @@ from rlckpt.controller.config import TrainConfig
 from rlckpt.errors import StoreUnavailableError
 from rlckpt.grpo import GRPOConfig
 from rlckpt.store import BundleStore
-from rlckpt.testing.controller import InProcessRun, run_in_process
-from rlckpt.testing.outage import ONE_QUICK_ATTEMPT, Outage
-from rlckpt.testing.store_checks import corrupt_file, save_sample
+from support.controller import InProcessRun, run_in_process
+from support.outage import ONE_QUICK_ATTEMPT, Outage
+from support.store_checks import corrupt_file, save_sample
 
 SMALL = GRPOConfig(group_size=4, prompts_per_step=4)
 POLICY_SHARD = "policy/__0_0.distcp"  # the one rank's shard file (DCP's name)

@@ -12,7 +12,7 @@ import torch
 
 from rlckpt.errors import InventoryMismatchError, MissingSamplesError, RestoreRefusedError
 from rlckpt.replay import DataPlaneCheckpointBarrier, ReplayBuffer
-from rlckpt.testing.tq import connect_client, reset_tq_state, restore_in_fresh_cluster, write_json
+from support.tq import connect_client, reset_tq_state, restore_in_fresh_cluster, write_json
 
 pytestmark = pytest.mark.tq
 

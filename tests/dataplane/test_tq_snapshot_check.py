@@ -22,9 +22,9 @@ from rlckpt.dataplane.tq_snapshot_check import vetted_copy
 from rlckpt.errors import DataPlaneError, UnsafeContentError
 from rlckpt.grpo import GRPOConfig
 from rlckpt.store import BundleStore
-from rlckpt.testing.controller import run_in_process
-from rlckpt.testing.forge import code_pickle, forge_step
-from rlckpt.testing.tq import connect_client, reset_tq_state
+from support.controller import run_in_process
+from support.forge import code_pickle, forge_step
+from support.tq import connect_client, reset_tq_state
 
 P = "rollouts"
 PROTO4 = b"\x80\x04"

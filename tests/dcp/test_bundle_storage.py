@@ -23,8 +23,8 @@ from rlckpt.dcp import reader as reader_module
 from rlckpt.dcp._format import SMALL_ITEM_BYTES
 from rlckpt.errors import BundleExistsError, CorruptBundleError, InvalidPathError, ShardedCheckpointError
 from rlckpt.store import BufferPool, BundleStore
-from rlckpt.testing import dcp_scenarios as scenarios
-from rlckpt.testing.dcp_ranks import (
+from support import dcp_scenarios as scenarios
+from support.dcp_ranks import (
     bitwise_equal,
     flat_tensors,
     plain_policy,
@@ -32,7 +32,7 @@ from rlckpt.testing.dcp_ranks import (
     quiet_dcp_warnings,
     train_step,
 )
-from rlckpt.testing.store_checks import debris, rewrite_as_format_1
+from support.store_checks import debris, rewrite_as_format_1
 
 quiet_dcp_warnings()
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

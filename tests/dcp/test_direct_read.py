@@ -20,8 +20,8 @@ from rlckpt.store import BufferPool, BundleStore
 from rlckpt.store.backends import s3_io
 from rlckpt.store.backends.s3 import S3Backend
 from rlckpt.store.backends.s3_io import StreamedObject
-from rlckpt.testing.dcp_ranks import quiet_dcp_warnings
-from rlckpt.testing.dcp_scenarios import flip_bit
+from support.dcp_ranks import quiet_dcp_warnings
+from support.dcp_scenarios import flip_bit
 
 quiet_dcp_warnings()
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 from rlckpt.dcp import BundleStorageReader, BundleStorageWriter
 from rlckpt.errors import CorruptBundleError
 from rlckpt.store import BundleStore
-from rlckpt.testing.dcp_ranks import (
+from support.dcp_ranks import (
     bitwise_equal,
     flat_tensors,
     plain_policy,

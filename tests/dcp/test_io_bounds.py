@@ -17,8 +17,8 @@ from rlckpt.dcp import BundleStorageReader, BundleStorageWriter
 from rlckpt.dcp import reader as reader_module
 from rlckpt.dcp._format import DEFAULT_MAX_SHARD_BYTES, ITEM_FRAMING_BYTES, load_tensor_view, shard_plan
 from rlckpt.store import WRITE_BLOCK_SIZE, BufferPool, BundleStore
-from rlckpt.testing.dcp_ranks import bitwise_equal, flat_tensors, plain_policy, policy_state, quiet_dcp_warnings
-from rlckpt.testing.faults import FaultPlan, FaultyFileSystem
+from support.dcp_ranks import bitwise_equal, flat_tensors, plain_policy, policy_state, quiet_dcp_warnings
+from support.faults import FaultPlan, FaultyFileSystem
 
 quiet_dcp_warnings()
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

@@ -1,7 +1,7 @@
 """DCP through rlckpt at world size 2 (FSDP2 + AdamW on a CPU mesh, gloo on 127.0.0.1): save, load, reshard
 to one rank, async_save, joined mode, failures and a rank that dies — on local disk and on S3 (moto).
 
-The ranks run once per backend (rlckpt.testing.dcp_scenarios: a spawn costs seconds) and record what
+The ranks run once per backend (support.dcp_scenarios: a spawn costs seconds) and record what
 they saw; each test below asserts one behaviour on those records or on the store they left.
 """
 
@@ -21,10 +21,11 @@ import torch.distributed.checkpoint as dcp
 from rlckpt.dcp import BundleStorageReader
 from rlckpt.dcp._format import SMALL_ITEM_BYTES
 from rlckpt.errors import ParticipantError, UncommittedBundleError
+from rlckpt.s3local import make_s3fs
 from rlckpt.store import BundleStore, Manifest, Receipt
 from rlckpt.store.paths import step_dirname
-from rlckpt.testing import dcp_scenarios as scenarios
-from rlckpt.testing.dcp_ranks import (
+from support import dcp_scenarios as scenarios
+from support.dcp_ranks import (
     bitwise_equal,
     flat_tensors,
     plain_policy,
@@ -32,8 +33,7 @@ from rlckpt.testing.dcp_ranks import (
     quiet_dcp_warnings,
     run_ranks,
 )
-from rlckpt.testing.moto import make_s3fs
-from rlckpt.testing.store_checks import debris
+from support.store_checks import debris
 
 quiet_dcp_warnings()
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

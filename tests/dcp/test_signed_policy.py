@@ -10,8 +10,8 @@ import torch.distributed.checkpoint as dcp
 from rlckpt.dcp import BundleStorageReader, BundleStorageWriter
 from rlckpt.errors import ShardedCheckpointError, UnsignedBundleError
 from rlckpt.store import BundleStore, SigningKey
-from rlckpt.testing.dcp_ranks import bitwise_equal, flat_tensors, plain_policy, policy_state, quiet_dcp_warnings
-from rlckpt.testing.forge import forge_step
+from support.dcp_ranks import bitwise_equal, flat_tensors, plain_policy, policy_state, quiet_dcp_warnings
+from support.forge import forge_step
 
 quiet_dcp_warnings()
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

@@ -12,8 +12,8 @@ import torch.distributed.checkpoint as dcp
 
 from rlckpt.dcp import BundleStorageReader, BundleStorageWriter
 from rlckpt.errors import StoreUnavailableError
-from rlckpt.testing.dcp_ranks import plain_policy, policy_state, quiet_dcp_warnings
-from rlckpt.testing.outage import vanishing_store
+from support.dcp_ranks import plain_policy, policy_state, quiet_dcp_warnings
+from support.outage import vanishing_store
 
 quiet_dcp_warnings()
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

@@ -20,8 +20,8 @@ from rlckpt.grpo import GRPOConfig
 from rlckpt.grpo.trainer import Trainer
 from rlckpt.safeload import pickle_globals
 from rlckpt.store import BundleStore
-from rlckpt.testing.dcp_ranks import bitwise_equal, flat_tensors, plain_policy, policy_state, quiet_dcp_warnings
-from rlckpt.testing.forge import RunsCode, code_pickle, files_under, forge_step
+from support.dcp_ranks import bitwise_equal, flat_tensors, plain_policy, policy_state, quiet_dcp_warnings
+from support.forge import RunsCode, code_pickle, files_under, forge_step
 
 quiet_dcp_warnings()
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from rlckpt.testing.train_cli import run_train
+from support.train_cli import run_train
 
 
 @pytest.fixture

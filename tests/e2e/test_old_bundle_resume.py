@@ -12,8 +12,8 @@ import pytest
 
 from rlckpt.checkpoint import layout
 from rlckpt.store import BundleStore
-from rlckpt.testing.old_bundles import SAVED_STEP, OldBundle
-from rlckpt.testing.train_cli import run_train
+from support.old_bundles import SAVED_STEP, OldBundle
+from support.train_cli import run_train
 
 pytestmark = pytest.mark.slow
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

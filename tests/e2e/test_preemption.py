@@ -1,5 +1,5 @@
 """`rlckpt train` stopped by SIGTERM or a deadline, end to end: real Ray, TransferQueue and trainer
-ranks. Each stop point is a gate (rlckpt.testing.gates) the run waits at until the test has sent its
+ranks. Each stop point is a gate (support.gates) the run waits at until the test has sent its
 signal, so the point is exact, not a guess. The interleavings are tested in-process in
 tests/controller/test_loop_stop.py, the stop's state machine cell by cell in tests/cli/test_train_stop.py;
 these are the real thing, one run per point: start-up, a SIGKILL of the driver, a job-wide SIGTERM (what
@@ -22,10 +22,10 @@ import pytest
 
 from rlckpt.dataplane.cluster_reaper import cluster_processes
 from rlckpt.store import BundleStore
-from rlckpt.testing.gates import Gate
-from rlckpt.testing.outage import Outage
-from rlckpt.testing.store_checks import debris
-from rlckpt.testing.train_cli import RUN_TIMEOUT_S, job_processes, kill_run, run_train, train_command
+from support.gates import Gate
+from support.outage import Outage
+from support.store_checks import debris
+from support.train_cli import RUN_TIMEOUT_S, job_processes, kill_run, run_train, train_command
 
 pytestmark = pytest.mark.slow
 ACKNOWLEDGED = "saving at the next safe point"  # the driver has handed the stop to the controller
@@ -90,7 +90,7 @@ def start_gated(tmp_path, ray_dir) -> Iterator[Callable[..., GatedProcess]]:
             "--ray-temp-dir",
             ray_dir,
             *extra,
-            module="rlckpt.testing.gates",
+            module="support.gates",
             prefix=(str(gates), points),
         )
         out, err = tmp_path / "run.out", tmp_path / "run.err"

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from rlckpt.store import BundleStore, SigningKey, write_key_pair
-from rlckpt.testing.forge import recommit_bundle
-from rlckpt.testing.train_cli import run_train
+from support.forge import recommit_bundle
+from support.train_cli import run_train
 
 pytestmark = pytest.mark.slow
 

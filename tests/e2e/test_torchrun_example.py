@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
+from rlckpt.s3local import make_s3fs
 from rlckpt.store import BundleStore
-from rlckpt.testing.moto import make_s3fs
-from rlckpt.testing.store_checks import debris
+from support.store_checks import debris
 
 pytestmark = pytest.mark.slow
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fsdp2_torchrun.py"

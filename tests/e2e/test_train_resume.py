@@ -15,8 +15,8 @@ import time
 import pytest
 
 from rlckpt.store import BundleStore, copy_bundle
-from rlckpt.testing.store_checks import corrupt_file
-from rlckpt.testing.train_cli import RUN_TIMEOUT_S, copy_run_dir, kill_run, run_train, train_command
+from support.store_checks import corrupt_file
+from support.train_cli import RUN_TIMEOUT_S, copy_run_dir, kill_run, run_train, train_command
 
 pytestmark = pytest.mark.slow
 POLICY_SHARD = "policy/__1_0.distcp"  # rank 1's shard file in a bundle of two trainer ranks (the default)
@@ -84,7 +84,7 @@ def _start_held_run(
         "--ray-temp-dir",
         ray_dir,
         *extra,
-        module="rlckpt.testing.held_train",
+        module="support.held_train",
         prefix=held_train,
     )
     log = tmp_path / "held-run.log"  # a file, not a pipe: a full pipe would stall the run

@@ -18,7 +18,7 @@ import pytest
 
 from rlckpt.checkpoint.restore import PolicyLocation
 from rlckpt.store import BundleStore
-from rlckpt.testing.train_cli import RUN_TIMEOUT_S, run_train, train_command
+from support.train_cli import RUN_TIMEOUT_S, run_train, train_command
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ def _saved_policy_sha256(run_dir: str, step: int, options: dict | None = None) -
 def test_a_rank_killed_mid_save_commits_nothing_and_the_run_resumes_at_one_rank(tmp_path):
     run_dir = str(tmp_path / "run")
     killed = subprocess.run(  # rank 1 exits (os._exit) while writing its shards of step 4
-        _cmd(run_dir, 6, module="rlckpt.testing.rank_faults", prefix=("4", "1", "exit")),
+        _cmd(run_dir, 6, module="support.rank_faults", prefix=("4", "1", "exit")),
         capture_output=True,
         text=True,
         timeout=RUN_TIMEOUT_S,

@@ -15,9 +15,9 @@ from rlckpt.controller.config import TrainConfig
 from rlckpt.dcp import BundleStorageWriter
 from rlckpt.grpo.trainer import Trainer
 from rlckpt.store import BundleStore
-from rlckpt.testing.controller import run_in_process
-from rlckpt.testing.forge import RunsCode, forge_step
-from rlckpt.testing.train_cli import RUN_TIMEOUT_S, train_command
+from support.controller import run_in_process
+from support.forge import RunsCode, forge_step
+from support.train_cli import RUN_TIMEOUT_S, train_command
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 

@@ -11,13 +11,13 @@ from rlckpt.controller import loop_state
 from rlckpt.dataplane import snapshot_records
 from rlckpt.replay import records as replay_records
 from rlckpt.store import intent, manifest_formats, run_record
-from rlckpt.testing.format_docs import SECTIONS, generated_part, render
+from support.format_docs import SECTIONS, generated_part, render
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "formats.md"
 
 
 def test_docs_formats_md_holds_the_sections_rendered_from_the_declarations():
-    # On a mismatch: PYTHONPATH=src python -m rlckpt.testing.format_docs docs/formats.md
+    # On a mismatch: PYTHONPATH=src python -m support.format_docs docs/formats.md
     assert generated_part(DOC.read_text()) == render()
 
 

@@ -36,9 +36,9 @@ from rlckpt.replay.index_formats import check_index
 from rlckpt.store import COMMIT_FORMAT, MANIFEST_FORMAT, BundleStore, CommitMarker, Intent, Manifest, SigningKey
 from rlckpt.store.manifest import canonical_json
 from rlckpt.store.run_record import RunRecord
-from rlckpt.testing.format_docs import SECTIONS
-from rlckpt.testing.records import JSON_VALUES, Mutation, mutations, plain_and_foreign_values, valid_values
-from rlckpt.testing.store_checks import raw_path, save_sample
+from support.format_docs import SECTIONS
+from support.records import JSON_VALUES, Mutation, mutations, plain_and_foreign_values, valid_values
+from support.store_checks import raw_path, save_sample
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 GROUP = 2

@@ -10,9 +10,9 @@ import torch
 
 from rlckpt.dcp import BundleStorageReader
 from rlckpt.grpo import Trainer
-from rlckpt.testing.batches import initial_weight_batches
-from rlckpt.testing.dcp_ranks import bitwise_equal, flat_tensors, full_state, run_ranks
-from rlckpt.testing.trainer_ranks import (
+from support.batches import initial_weight_batches
+from support.dcp_ranks import bitwise_equal, flat_tensors, full_state, run_ranks
+from support.trainer_ranks import (
     CONFIG,
     SAVED_STEP,
     TASK,

@@ -11,7 +11,7 @@ import pytest
 
 from rlckpt.errors import UnsafeContentError
 from rlckpt.safeload import UnreadablePickle, pickle_globals, restricted_loads
-from rlckpt.testing.forge import code_pickle
+from support.forge import code_pickle
 
 
 def short_str(text: str) -> bytes:

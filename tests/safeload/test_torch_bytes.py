@@ -13,7 +13,7 @@ import torch
 
 from rlckpt.errors import UnsafeContentError
 from rlckpt.safeload import load_storage_bytes, load_torch_bytes, save_torch_bytes
-from rlckpt.testing.forge import RunsCode, code_torch_save
+from support.forge import RunsCode, code_torch_save
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16]
 DTYPES += [torch.int8, torch.uint8, torch.bool, torch.complex64, torch.uint16, torch.float8_e4m3fn]

@@ -12,7 +12,7 @@ from rlckpt.errors import (
 )
 from rlckpt.store import BundleStore
 from rlckpt.store.intent import Intent
-from rlckpt.testing.store_checks import debris, save_sample
+from support.store_checks import debris, save_sample
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from rlckpt.errors import BundleExistsError
 from rlckpt.store import BundleStore, Intent
 from rlckpt.store.intent import CLOCK_SKEW, process_start
 from rlckpt.store.manifest import canonical_json
-from rlckpt.testing.store_checks import debris, plant, save_sample
+from support.store_checks import debris, plant, save_sample
 
 
 @pytest.fixture

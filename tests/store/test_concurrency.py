@@ -13,7 +13,7 @@ import pytest
 
 from rlckpt.errors import BundleExistsError
 from rlckpt.store import BundleStore
-from rlckpt.testing.store_checks import make_intent_foreign
+from support.store_checks import make_intent_foreign
 
 
 def attempt(store: BundleStore, step: int, tag: bytes) -> str:

@@ -16,8 +16,8 @@ import pytest
 from rlckpt.errors import StoreUnavailableError
 from rlckpt.store import BundleStore
 from rlckpt.store.backends.s3_io import PartBuffers
-from rlckpt.testing.faults import FaultPlan, FaultyFileSystem, InjectedFault
-from rlckpt.testing.store_checks import (
+from support.faults import FaultPlan, FaultyFileSystem, InjectedFault
+from support.store_checks import (
     all_paths,
     debris,
     declare_writers_dead,

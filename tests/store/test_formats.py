@@ -17,7 +17,7 @@ import rlckpt
 from rlckpt.errors import CorruptBundleError, NewerFormatError
 from rlckpt.store import COMMIT_FORMAT, BundleStore, Digest, FileEntry, Manifest
 from rlckpt.store.manifest import canonical_json
-from rlckpt.testing.store_checks import (
+from support.store_checks import (
     corrupt_file,
     raw_path,
     rewrite_as_format_1,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlckpt.store import BundleStore
-from rlckpt.testing.store_checks import abandoned_transaction, all_paths, debris, plant, save_sample
+from support.store_checks import abandoned_transaction, all_paths, debris, plant, save_sample
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ from rlckpt.errors import BundleExistsError, LostWriteError, ParticipantError
 from rlckpt.store import BundleStore
 from rlckpt.store.backends.s3_io import PART_SIZE
 from rlckpt.store.gc import GarbageCollector
-from rlckpt.testing.pause import Background, PauseAt
-from rlckpt.testing.store_checks import debris, plant, save_sample
+from support.pause import Background, PauseAt
+from support.store_checks import debris, plant, save_sample
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from rlckpt.errors import (
 )
 from rlckpt.store import BundleStore, Digest, FileEntry, Receipt
 from rlckpt.store.manifest import MANIFEST_MAX_BYTES
-from rlckpt.testing.pause import Background, PauseAt
-from rlckpt.testing.store_checks import debris, save_sample
+from support.pause import Background, PauseAt
+from support.store_checks import debris, save_sample
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import importlib.util
 import pytest
 
 from rlckpt.errors import StoreConfigError, StoreUnavailableError
+from rlckpt.s3local import free_port
 from rlckpt.store import BundleStore
 from rlckpt.store.location import (
     FAIL_FAST_S3_CONFIG,
@@ -17,7 +18,6 @@ from rlckpt.store.location import (
     S3FS_RETRIES,
     open_location,
 )
-from rlckpt.testing.moto import free_port
 
 CREDENTIALS = {"key": "testing", "secret": "testing"}  # so building a client never asks the network for any
 

@@ -17,8 +17,8 @@ from rlckpt.errors import CorruptBundleError
 from rlckpt.store import BundleStore, BundleTransaction, copy_bundle
 from rlckpt.store.backends.s3_checksums import crc32c_base64
 from rlckpt.store.backends.s3_io import PartBody, PartBuffers, UploadSlots, _pieces
-from rlckpt.testing.faults import FaultPlan, FaultyFileSystem, InjectedFault
-from rlckpt.testing.store_checks import debris, declare_writers_dead, multipart_uploads, stored_path
+from support.faults import FaultPlan, FaultyFileSystem, InjectedFault
+from support.store_checks import debris, declare_writers_dead, multipart_uploads, stored_path
 
 PART = 5 << 20
 

@@ -15,7 +15,7 @@ import pytest
 
 from rlckpt.errors import LostWriteError, ParticipantError, SharedStorageError, TransactionStateError
 from rlckpt.store import BundleStore, Receipt
-from rlckpt.testing.store_checks import (
+from support.store_checks import (
     debris,
     declare_writers_dead,
     make_intent_foreign,

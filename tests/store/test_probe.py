@@ -10,7 +10,7 @@ import pytest
 from rlckpt.errors import UnsafeStoreError
 from rlckpt.store import BundleStore
 from rlckpt.store.storage_errors import is_precondition_failed, is_unavailable
-from rlckpt.testing.faults import FaultyFileSystem
+from support.faults import FaultyFileSystem
 
 
 class IgnoresCreateExclusive(FaultyFileSystem):

@@ -18,10 +18,10 @@ import pytest
 
 from rlckpt.errors import BundleExistsError, CorruptBundleError, ReplicaError, RunIdentityError, StoreUnavailableError
 from rlckpt.store import BundleStore, SigningKey, copy_bundle
-from rlckpt.testing.faults import FaultPlan, FaultyFileSystem, InjectedFault
-from rlckpt.testing.outage import ONE_QUICK_ATTEMPT, Outage
-from rlckpt.testing.pause import Background, PauseAt
-from rlckpt.testing.store_checks import (
+from support.faults import FaultPlan, FaultyFileSystem, InjectedFault
+from support.outage import ONE_QUICK_ATTEMPT, Outage
+from support.pause import Background, PauseAt
+from support.store_checks import (
     all_paths,
     corrupt_file,
     debris,

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from rlckpt.store import BundleStore
-from rlckpt.testing.store_checks import corrupt_file, save_sample
+from support.store_checks import corrupt_file, save_sample
 
 DAMAGE = ["flip", "truncate", "delete"]
 

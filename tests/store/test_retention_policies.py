@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rlckpt.store import BundleStore, Retention
-from rlckpt.testing.store_checks import corrupt_file, save_sample
+from support.store_checks import corrupt_file, save_sample
 
 REWARD = {1: 0.1, 2: 0.9, 3: 0.5, 4: 0.8, 5: 0.2, 6: 0.3}
 

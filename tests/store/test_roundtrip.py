@@ -8,7 +8,7 @@ import pytest
 
 from rlckpt.errors import TransactionStateError, UncommittedBundleError
 from rlckpt.store import Bundle, BundleStore, Manifest
-from rlckpt.testing.store_checks import all_paths, debris, sample_payload, save_sample
+from support.store_checks import all_paths, debris, sample_payload, save_sample
 
 
 @pytest.fixture

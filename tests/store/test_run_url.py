@@ -11,7 +11,7 @@ from rlckpt.errors import StoreConfigError
 from rlckpt.store import BundleStore
 from rlckpt.store.location import open_location
 from rlckpt.store.run_url import parse_run_url
-from rlckpt.testing.store_checks import save_sample
+from support.store_checks import save_sample
 
 
 def test_a_local_path_with_double_colon_never_resolves_to_the_run_before_it(tmp_path):

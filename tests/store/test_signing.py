@@ -1,7 +1,7 @@
 """Signed bundles: a store with a signing key signs every COMMIT; a store with the verify key reads only
 bundles that key signed for the run, and refuses the rest as not verifying (docs/security.md). Each attack
 is what a writer of the run's storage can do without the key, through rlckpt's own store API and plain
-writes (`rlckpt.testing.forge`). Every test runs on local disk and on S3."""
+writes (`support.forge`). Every test runs on local disk and on S3."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from rlckpt.errors import BadSignatureError, NewerFormatError, RunIdentityError,
 from rlckpt.store import COMMIT_FORMAT, MANIFEST_FORMAT, BundleStore, Digest, SigningKey
 from rlckpt.store.manifest import canonical_json
 from rlckpt.store.signing import bundle_message
-from rlckpt.testing.forge import (
+from support.forge import (
     carry_signature,
     commit_json,
     copy_bundle,
@@ -22,7 +22,7 @@ from rlckpt.testing.forge import (
     put_commit_json,
     rewrite_run_record,
 )
-from rlckpt.testing.store_checks import raw_path, save_sample
+from support.store_checks import raw_path, save_sample
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from hypothesis.stateful import (
 
 from rlckpt.errors import BundleExistsError, InvalidPathError
 from rlckpt.store import BundleStore
-from rlckpt.testing.store_checks import debris, make_intent_foreign
+from support.store_checks import debris, make_intent_foreign
 
 STEPS = st.integers(min_value=0, max_value=3)
 RELPATHS = st.sampled_from(["a", "dir/b", "dir/sub/c"])

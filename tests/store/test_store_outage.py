@@ -3,7 +3,7 @@ stops; local disk denies access), every read of an open Bundle and every write o
 or participant raises StoreUnavailableError naming the store and what was being done, like every
 BundleStore method, never a raw botocore or OS error.
 
-On S3 the server goes away behind a TCP forwarder (rlckpt.testing.outage); the store is built with one
+On S3 the server goes away behind a TCP forwarder (support.outage); the store is built with one
 attempt per request and a 2 s connect timeout (`config_kwargs`, ONE_QUICK_ATTEMPT), so each refusal
 comes at once instead of after botocore's retries."""
 
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from rlckpt.errors import StoreUnavailableError
-from rlckpt.testing.outage import VanishingStore, vanishing_store
-from rlckpt.testing.store_checks import save_sample
+from support.outage import VanishingStore, vanishing_store
+from support.store_checks import save_sample
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 
 from rlckpt.errors import BundleExistsError, IrregularFileError, LostWriteError
 from rlckpt.store import BundleStore, Intent
-from rlckpt.testing.store_checks import corrupt_file, make_intent_foreign, raw_path, save_sample
+from support.store_checks import corrupt_file, make_intent_foreign, raw_path, save_sample
 
 DAY = 24 * 3600
 

@@ -8,7 +8,7 @@ import pytest
 
 from rlckpt.errors import StoreUnavailableError
 from rlckpt.store import BundleStore
-from rlckpt.testing.permissions import mode_enforced
+from support.permissions import mode_enforced
 
 
 @pytest.fixture

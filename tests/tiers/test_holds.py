@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from rlckpt.store import BundleStore, Retention, copy_bundle
-from rlckpt.testing.store_checks import declare_writers_dead, save_sample
 from rlckpt.tiers import replication_holds
+from support.store_checks import declare_writers_dead, save_sample
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import pytest
 
 from rlckpt.errors import RunIdentityError
 from rlckpt.store import BundleStore
-from rlckpt.testing.store_checks import all_paths, save_sample
 from rlckpt.tiers import one_run
+from support.store_checks import all_paths, save_sample
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ import pytest
 
 from rlckpt.errors import CorruptBundleError
 from rlckpt.store import BundleStore, Retention
-from rlckpt.testing.store_checks import corrupt_file, debris, save_sample
 from rlckpt.tiers import BundleReplicator, ReplicationConfig
+from support.store_checks import corrupt_file, debris, save_sample
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlckpt.testing.moto import AWS_ISOLATION_ENV, make_s3fs, moto_server, s3_options_for
+from rlckpt.s3local import AWS_ISOLATION_ENV, make_s3fs, moto_server, s3_options_for
 
 __all__ = ["Destination", "local_destination", "moto_server", "s3_destination"]
 

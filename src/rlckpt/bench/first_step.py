@@ -8,10 +8,12 @@ the controller for events every 0.5 s, so the figure can be late by up to that m
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -19,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from rlckpt.errors import CheckpointError
-from rlckpt.testing.train_cli import train_command
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +78,10 @@ def _watch_stream(stream: Any, watch: StderrWatch, started: float, tail: list[by
 def _train_command(
     run_dir: str, steps: int, save_every: int, options: dict[str, Any] | None, extra: list[str]
 ) -> list[str]:
-    return train_command(run_dir, steps, *extra, save_every=save_every, storage_options=options)
+    """`rlckpt train` of this interpreter, as a subprocess runs it."""
+    cmd = [sys.executable, "-m", "rlckpt.cli.main", "train", "--run-dir", run_dir, "--steps", str(steps)]
+    cmd += ["--save-every", str(save_every), *extra]
+    return cmd + (["--storage-options", json.dumps(options)] if options else [])
 
 
 def _run_train(cmd: list[str]) -> tuple[StderrWatch, float]:

@@ -23,7 +23,7 @@ from rlckpt.bench.destinations import Destination, local_destination, moto_serve
 @contextlib.contextmanager
 def private_transfer_queue() -> Iterator[None]:
     """A local Ray cluster and a bootstrap TransferQueue owned by this process, shut down on exit."""
-    from rlckpt.testing.tq import start_tq_session, stop_tq_session
+    from rlckpt.dataplane.tq_session import start_tq_session, stop_tq_session
 
     session = start_tq_session(Path(tempfile.mkdtemp(prefix="rlckpt-bench-", dir="/tmp")))
     try:

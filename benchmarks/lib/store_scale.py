@@ -1,8 +1,8 @@
-"""`rlckpt bench store`: how the cost of a save grows with the number of participants (one small file
+"""`python -m benchmarks.store_scale`: how the cost of a save grows with the number of participants (one small file
 each, one commit for all) and with the number of files one writer writes, on local disk and S3.
 
 Both must grow linearly: the time and the storage calls *per participant* and *per file* stay flat as
-the counts grow. Storage calls are counted by wrapping the store's filesystem (rlckpt.testing.faults,
+the counts grow. Storage calls are counted by wrapping the store's filesystem (support.faults,
 the wrapper the crash tests inject faults with: every filesystem call and every call on a file it
 opened); on S3 every HTTP request s3fs sends is counted too (a hook on its botocore client), since a
 listing of many keys is one call but a request per 1,000 keys.
@@ -20,7 +20,7 @@ from typing import Any
 
 from rlckpt.bench.destinations import Destination
 from rlckpt.store import BundleStore, Receipt, open_location
-from rlckpt.testing.faults import FaultPlan, FaultyFileSystem
+from support.faults import FaultPlan, FaultyFileSystem
 
 SHARD_BYTES = 1024
 FILE_BYTES = 256

@@ -16,8 +16,8 @@ import torch.distributed.checkpoint as dcp
 from rlckpt.dcp import BundleStorageReader, BundleStorageWriter
 from rlckpt.grpo import DigitSumTask, GRPOConfig, Trainer
 from rlckpt.grpo.sharding import DataParallel
-from rlckpt.testing.batches import initial_weight_batches
-from rlckpt.testing.dcp_ranks import flat_tensors, full_state, process_group
+from support.batches import initial_weight_batches
+from support.dcp_ranks import flat_tensors, full_state, process_group
 
 CONFIG = GRPOConfig(group_size=4, prompts_per_step=4)
 TASK = DigitSumTask(seed=0)

@@ -1,5 +1,16 @@
-"""A moto S3 server on loopback and the AWS settings that point s3fs/botocore at it, shared by the pytest
-fixtures (`rlckpt.testing.s3`) and the benchmarks; pytest-free so `rlckpt bench` runs without it."""
+"""A local S3 for testing an integration with rlckpt: a moto server on loopback (a subprocess: `moto_server`
+from the `moto[server]` extra, which this module runs but never imports) and the settings that point s3fs at
+it and at nothing else — no user profile, no AWS config, no listings cache.
+
+    from rlckpt.s3local import make_s3fs, moto_server, s3_env, s3_options_for
+
+    with moto_server() as endpoint, s3_env(endpoint):
+        options = s3_options_for(endpoint)
+        make_s3fs(options).mkdir("my-bucket")
+        ckpt = Checkpointer("s3://my-bucket/run1", storage_options=options)
+
+rlckpt's own tests and benchmarks use it the same way (docs/testing.md).
+"""
 
 from __future__ import annotations
 

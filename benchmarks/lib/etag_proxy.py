@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from rlckpt.testing.moto import free_port
+from rlckpt.s3local import free_port
 
 NGINX_CONF = """\
 worker_processes 1;

@@ -30,8 +30,8 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 from rlckpt import Checkpointer
 from rlckpt.checkpointer import SaveAndStop
-from rlckpt.testing.checkpointer import DEPTH, WIDTH
-from rlckpt.testing.dcp_ranks import (
+from support.checkpointer import DEPTH, WIDTH
+from support.dcp_ranks import (
     apply_policy_state,
     bitwise_equal,
     flat_tensors,
@@ -42,7 +42,7 @@ from rlckpt.testing.dcp_ranks import (
     sharded_policy,
     train_step,
 )
-from rlckpt.testing.pause import PauseAt
+from support.pause import PauseAt
 
 DEAD_RANK_EXIT = 17
 

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 from rlckpt.dcp import BundleStorageReader, BundleStorageWriter
 from rlckpt.store import BundleStore, TransactionHandle
-from rlckpt.testing.dcp_ranks import (
+from support.dcp_ranks import (
     bitwise_equal,
     flat_tensors,
     full_state,
@@ -40,7 +40,7 @@ from rlckpt.testing.dcp_ranks import (
     sharded_policy,
     train_step,
 )
-from rlckpt.testing.store_checks import stored_path
+from support.store_checks import stored_path
 
 WIDTH, DEPTH = 256, 4  # weights above SMALL_ITEM_BYTES per rank, so each rank writes bulk and small files
 DEAD_RANK_EXIT = 17

@@ -3,7 +3,7 @@ rank's process with ``os._exit``, while the rank writes its shards (DCP calls ``
 item inside the storage writer's ``write_data``, in the save's background thread); or a planner the rank
 cannot make at all (``refuse``: the factory raises).
 
-``python -m rlckpt.testing.rank_faults STEP RANK HOW train ARGS...`` is the real ``rlckpt train`` with
+``python -m support.rank_faults STEP RANK HOW train ARGS...`` is the real ``rlckpt train`` with
 that fault installed (HOW: ``raise`` or ``exit``).
 """
 

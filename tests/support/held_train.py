@@ -1,4 +1,4 @@
-"""``python -m rlckpt.testing.held_train STEP MARKER train ARGS...``: the real ``rlckpt train``
+"""``python -m support.held_train STEP MARKER train ARGS...``: the real ``rlckpt train``
 command, with the save of STEP held just before its COMMIT (touching MARKER) until the process
 is killed — how the crash tests kill a real run in the middle of a save.
 """
@@ -10,7 +10,7 @@ import logging
 import sys
 
 from rlckpt.cli import train
-from rlckpt.testing.save_hooks import HoldSaveBeforeCommit
+from support.save_hooks import HoldSaveBeforeCommit
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Reports of `rlckpt bench policy`: markdown tables (S3 destinations and local disk), the target verdicts, the
+"""Reports of `python -m benchmarks.policy`: markdown tables (S3 destinations and local disk), the target verdicts, the
 systems skipped, and a plot."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from rlckpt.bench.policy import DCP, FSSPEC, LABELS, RLCKPT, S3TC, TARGETS, PointResult, TargetCheck
+from benchmarks.lib.policy import DCP, FSSPEC, LABELS, RLCKPT, S3TC, TARGETS, PointResult, TargetCheck
 from rlckpt.bench.rows import MiB
 
 
@@ -176,7 +176,7 @@ def policy_plot(points: Sequence[PointResult], path: Path) -> Path:
             ax.set_ylim(bottom=0)
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7)
-    fig.suptitle("sharded policy (FSDP2 + AdamW) save / load: rlckpt.dcp and its peers (rlckpt bench policy)")
+    fig.suptitle("sharded policy (FSDP2 + AdamW) save / load: rlckpt.dcp and its peers (python -m benchmarks.policy)")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

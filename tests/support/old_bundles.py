@@ -21,7 +21,7 @@ from rlckpt.checkpoint.run_format import POLICY_WHOLE
 from rlckpt.controller.trainer_rank import TrainerRank
 from rlckpt.grpo import GRPOConfig
 from rlckpt.store import BundleStore
-from rlckpt.testing.dcp_ranks import flat_tensors, full_state
+from support.dcp_ranks import flat_tensors, full_state
 
 SAVED_STEP = 2  # every fixture holds one bundle: step 2 of `rlckpt train --steps 2` run by the old code
 CONFIG = GRPOConfig()  # what `rlckpt train` trained them with

@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from rlckpt.store import BundleStore
-from rlckpt.testing.permissions import mode_enforced
+from support.permissions import mode_enforced
 
 _CHUNK = 64 << 10
 

@@ -1,6 +1,6 @@
 """Subprocess entry point: restore a TQ snapshot into a brand-new local Ray cluster and report.
 
-``python -m rlckpt.testing.tq_restore SNAPSHOT PARTITION OUT [--replay-state FILE]`` starts its
+``python -m support.tq_restore SNAPSHOT PARTITION OUT [--replay-state FILE]`` starts its
 own Ray (``address="local"``) and a bootstrap TransferQueue, loads the snapshot, reads back every
 row of PARTITION, optionally loads the replay index with the digest from the snapshot metadata
 and checks the inventory, then writes a torch.save report to OUT and shuts everything down.

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rlckpt.testing.moto import make_s3fs, moto_server, s3_env, s3_options_for, wait_http
+from rlckpt.s3local import make_s3fs, moto_server, s3_env, s3_options_for, wait_http
 
 ENDPOINT_ENV = "RLCKPT_TEST_S3_ENDPOINT"
 KEY_ENV = "RLCKPT_TEST_S3_KEY"

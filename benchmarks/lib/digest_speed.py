@@ -1,5 +1,5 @@
 """How fast this machine hashes: sha256 against BLAKE3 on one thread and on its threads, through the store's own
-hashers (store/digest.py), over a buffer already in memory. `rlckpt bench policy` reports it beside the
+hashers (store/digest.py), over a buffer already in memory. `python -m benchmarks.policy` reports it beside the
 save and load times it explains."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ and, in the driver's start-up (no STEP; the gate is named after the point):
   handler installed, the cluster's processes running) and before the start is over
 - ``setup``: Ray started, before TransferQueue, the trainer ranks and the restore
 
-``python -m rlckpt.testing.gates DIR POINT[:STEP][,POINT[:STEP]...] train ARGS...`` is the real
+``python -m support.gates DIR POINT[:STEP][,POINT[:STEP]...] train ARGS...`` is the real
 ``rlckpt train`` with those gates in DIR, named ``POINT-STEP`` (``POINT`` at start-up).
 """
 

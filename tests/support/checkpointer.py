@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
-from rlckpt.testing.dcp_ranks import flat_tensors, plain_policy, policy_state, train_step
+from support.dcp_ranks import flat_tensors, plain_policy, policy_state, train_step
 
 WIDTH, DEPTH = 16, 2
 

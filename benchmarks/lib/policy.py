@@ -1,4 +1,4 @@
-"""`rlckpt bench policy`: save and load a sharded policy (FSDP2 MLP + AdamW state) through rlckpt.dcp and through
+"""`python -m benchmarks.policy`: save and load a sharded policy (FSDP2 MLP + AdamW state) through rlckpt.dcp and through
 the systems a user would compare it with, on the same state, in the same processes, one after the other.
 
 For each rank count, N ranks are spawned once (gloo on 127.0.0.1, FSDP2 on a CPU mesh); for each destination and
@@ -458,7 +458,7 @@ def _zero(state: Any) -> None:
 
 def rank_main(rank: int, world_size: int, port: int, job: RankJob) -> None:
     """Entry point of each spawned rank: see the module docstring."""
-    from rlckpt.testing.dcp_ranks import process_group, quiet_dcp_warnings
+    from support.dcp_ranks import process_group, quiet_dcp_warnings
 
     quiet_dcp_warnings()
     points: list[dict[str, Any]] = []
@@ -535,7 +535,7 @@ def _measure_destination(
     import torch
     import torch.distributed as dist
 
-    from rlckpt.testing.dcp_ranks import bitwise_equal, flat_tensors, policy_state, sharded_policy, train_step
+    from support.dcp_ranks import bitwise_equal, flat_tensors, policy_state, sharded_policy, train_step
 
     systems = _Systems(dest, job.thread_count)
     skipped = dict(dest.skip)
@@ -644,7 +644,7 @@ def _measure_destination(
 def _trained_policy(mesh: Any, width: int) -> tuple[Any, Any, Any]:
     """The measured policy at `width` after one training step, and its state dict: the same bits on every call
     (fixed seeds, and gloo sums in a fixed order), so a state a failed system left behind can be made again."""
-    from rlckpt.testing.dcp_ranks import policy_state, sharded_policy, train_step
+    from support.dcp_ranks import policy_state, sharded_policy, train_step
 
     model, optim = sharded_policy(mesh, width, DEPTH, seed=0)
     train_step(model, optim, width, seed=1)
@@ -687,7 +687,7 @@ def run_sweep(
     `on_points` gets each spawn's points as it ends (a long sweep keeps what it measured); a spawn that fails
     raises, or with `on_failure` is reported to it (after `on_points` got the points it finished before it
     failed) and the sweep goes on with the next rank count."""
-    from rlckpt.testing.dcp_ranks import run_ranks
+    from support.dcp_ranks import run_ranks
 
     missing = s3torchconnector_missing()
     results: list[PointResult] = []

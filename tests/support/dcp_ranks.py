@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rlckpt.testing.moto import free_port
+from rlckpt.s3local import free_port
 
 # How long a gloo collective may wait for a peer. A rank that dies surfaces on the others as a gloo
 # error at once (its sockets close); this bounds only a rank that hangs.

@@ -1,0 +1,1 @@
+"""The measurements behind `python -m benchmarks.policy` and `python -m benchmarks.store_scale`."""
