@@ -1,5 +1,5 @@
-"""`python -m benchmarks.policy`: save and load a sharded policy (FSDP2 MLP + AdamW state) through rlckpt.dcp and through
-the systems a user would compare it with, on the same state, in the same processes, one after the other.
+"""`python -m benchmarks.policy`: save and load a sharded policy (FSDP2 MLP + AdamW state) through rlckpt.dcp and
+through the systems a user would compare it with, on the same state, in the same processes, one after the other.
 
 For each rank count, N ranks are spawned once (gloo on 127.0.0.1, FSDP2 on a CPU mesh); for each destination and
 size they build the state, then per repeat save and load it through every system (the order rotates between
