@@ -35,7 +35,7 @@ import fsspec
 
 from rlckpt.s3local import moto_server, s3_env_vars, s3_options_for
 from rlckpt.store import BundleStore
-from rlckpt.store.digest import WRITE_ALGORITHM, new_hasher
+from rlckpt.store.io.digest import WRITE_ALGORITHM, new_hasher
 
 MiB = 1 << 20
 KiB = 1 << 10

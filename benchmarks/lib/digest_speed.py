@@ -1,5 +1,5 @@
 """How fast this machine hashes: sha256 against BLAKE3 on one thread and on its threads, through the store's own
-hashers (store/digest.py), over a buffer already in memory. `python -m benchmarks.policy` reports it beside the
+hashers (store/io/digest.py), over a buffer already in memory. `python -m benchmarks.policy` reports it beside the
 save and load times it explains."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from rlckpt.bench.rows import MiB
-from rlckpt.store.digest import BLAKE3, SHA256, new_hasher
+from rlckpt.store.io.digest import BLAKE3, SHA256, new_hasher
 
 DEFAULT_MIB = 256
 

@@ -430,7 +430,7 @@ def _own_shards(path: str, rank: int) -> list[bytes]:
 
 
 def _blake3_pass(files: list[bytes]) -> None:
-    from rlckpt.store.digest import BLAKE3, Digest
+    from rlckpt.store.io.digest import BLAKE3, Digest
 
     for data in files:
         Digest.of(data, BLAKE3)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from rlckpt.cli._common import configure_logging, printable
-from rlckpt.store.intent import Intent
+from rlckpt.store.records.intent import Intent
 
 # A carriage return and "erase line" forge a line as well as a newline does; moto refuses keys with
 # a newline (404 on PUT), so the file name shared by both backends uses CR, and the local-only tests

@@ -12,7 +12,7 @@ import pytest
 from rlckpt.cli import _common, ls
 from rlckpt.s3local import free_port
 from rlckpt.store import BundleStore
-from rlckpt.store.location import S3_CLIENT_DEFAULTS
+from rlckpt.store.paths.location import S3_CLIENT_DEFAULTS
 from support.permissions import mode_enforced
 
 COMMANDS = ["ls", "verify", "gc"]

@@ -19,7 +19,7 @@ from rlckpt.grpo import (
     run_steps,
 )
 from rlckpt.store import BundleStore
-from rlckpt.store.paths import step_dirname
+from rlckpt.store.paths.paths import step_dirname
 from support.controller import InProcessRun, run_in_process
 
 SMALL = GRPOConfig(group_size=4, prompts_per_step=4)

@@ -23,7 +23,7 @@ from rlckpt.dcp._format import SMALL_ITEM_BYTES
 from rlckpt.errors import ParticipantError, UncommittedBundleError
 from rlckpt.s3local import make_s3fs
 from rlckpt.store import BundleStore, Manifest, Receipt
-from rlckpt.store.paths import step_dirname
+from rlckpt.store.paths.paths import step_dirname
 from support import dcp_scenarios as scenarios
 from support.dcp_ranks import (
     bitwise_equal,

@@ -10,7 +10,7 @@ from rlckpt.checkpointer import record as checkpointer_record
 from rlckpt.controller import loop_state
 from rlckpt.dataplane import snapshot_records
 from rlckpt.replay import records as replay_records
-from rlckpt.store import intent, manifest_formats, run_record
+from rlckpt.store.records import intent, manifest_formats, run_record
 from support.format_docs import SECTIONS, generated_part, render
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "formats.md"

@@ -34,8 +34,8 @@ from rlckpt.grpo import DigitSumTask, PromptLoader
 from rlckpt.replay import DataPlaneCheckpointBarrier, ReplayBuffer
 from rlckpt.replay.index_formats import check_index
 from rlckpt.store import COMMIT_FORMAT, MANIFEST_FORMAT, BundleStore, CommitMarker, Intent, Manifest, SigningKey
-from rlckpt.store.manifest import canonical_json
-from rlckpt.store.run_record import RunRecord
+from rlckpt.store.records.manifest import canonical_json
+from rlckpt.store.records.run_record import RunRecord
 from support.format_docs import SECTIONS
 from support.records import JSON_VALUES, Mutation, mutations, plain_and_foreign_values, valid_values
 from support.store_checks import raw_path, save_sample

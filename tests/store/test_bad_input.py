@@ -11,7 +11,7 @@ from rlckpt.errors import (
     StoreUnavailableError,
 )
 from rlckpt.store import BundleStore
-from rlckpt.store.intent import Intent
+from rlckpt.store.records.intent import Intent
 from support.store_checks import debris, save_sample
 
 

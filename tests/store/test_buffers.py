@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rlckpt.store import BufferPool
-from rlckpt.store.buffers import SIZE_STEP
+from rlckpt.store.io.buffers import SIZE_STEP
 
 MiB = 1 << 20
 

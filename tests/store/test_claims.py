@@ -12,8 +12,8 @@ import pytest
 
 from rlckpt.errors import BundleExistsError
 from rlckpt.store import BundleStore, Intent
-from rlckpt.store.intent import CLOCK_SKEW, process_start
-from rlckpt.store.manifest import canonical_json
+from rlckpt.store.records.intent import CLOCK_SKEW, process_start
+from rlckpt.store.records.manifest import canonical_json
 from support.store_checks import debris, plant, save_sample
 
 

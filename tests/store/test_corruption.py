@@ -8,7 +8,7 @@ import pytest
 
 from rlckpt.errors import CorruptBundleError, UncommittedBundleError
 from rlckpt.store import BundleStore, CommitMarker, Digest, Manifest
-from rlckpt.store.manifest import canonical_json
+from rlckpt.store.records.manifest import canonical_json
 from support.store_checks import corrupt_file, save_sample, stored_path
 
 TARGET = "policy/weights.bin"

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import rlckpt
 from rlckpt.errors import CorruptBundleError, NewerFormatError
 from rlckpt.store import COMMIT_FORMAT, BundleStore, Digest, FileEntry, Manifest
-from rlckpt.store.manifest import canonical_json
+from rlckpt.store.records.manifest import canonical_json
 from support.store_checks import (
     corrupt_file,
     raw_path,

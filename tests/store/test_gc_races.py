@@ -8,7 +8,7 @@ import pytest
 from rlckpt.errors import BundleExistsError, LostWriteError, ParticipantError
 from rlckpt.store import BundleStore
 from rlckpt.store.backends.s3_io import PART_SIZE
-from rlckpt.store.gc import GarbageCollector
+from rlckpt.store.upkeep.gc import GarbageCollector
 from support.pause import Background, PauseAt
 from support.store_checks import debris, plant, save_sample
 

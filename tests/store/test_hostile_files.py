@@ -16,7 +16,7 @@ import zstandard
 
 from rlckpt.errors import CorruptBundleError
 from rlckpt.store import BundleStore
-from rlckpt.store.manifest import COMMIT_MAX_BYTES, MANIFEST_MAX_BYTES, canonical_json
+from rlckpt.store.records.manifest import COMMIT_MAX_BYTES, MANIFEST_MAX_BYTES, canonical_json
 from support.store_checks import forge_file, raw_path, rewrite_manifest, save_sample
 
 pytestmark = pytest.mark.timeout(60)  # a reader that hangs on a FIFO fails here instead of stalling CI

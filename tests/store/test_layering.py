@@ -8,7 +8,7 @@ import sys
 
 def test_store_imports_neither_torch_ray_nor_transfer_queue():
     code = (
-        "import sys, rlckpt.store, rlckpt.store.gc, support.faults\n"
+        "import sys, rlckpt.store, rlckpt.store.upkeep.gc, support.faults\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'ray', 'transfer_queue'))\n"
         "print(','.join(bad))\n"
     )

@@ -16,7 +16,7 @@ from rlckpt.errors import (
     UnreadableBundleError,
 )
 from rlckpt.store import BundleStore, Digest, FileEntry, Receipt
-from rlckpt.store.manifest import MANIFEST_MAX_BYTES
+from rlckpt.store.records.manifest import MANIFEST_MAX_BYTES
 from support.pause import Background, PauseAt
 from support.store_checks import debris, save_sample
 

@@ -1,4 +1,4 @@
-"""Building a store's filesystem (`store/location.py`): every input that cannot describe a store is
+"""Building a store's filesystem (`store/paths/location.py`): every input that cannot describe a store is
 refused when the store is built, as one StoreConfigError naming the URL and the cause."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from rlckpt.errors import StoreConfigError, StoreUnavailableError
 from rlckpt.s3local import free_port
 from rlckpt.store import BundleStore
-from rlckpt.store.location import (
+from rlckpt.store.paths.location import (
     FAIL_FAST_S3_CONFIG,
     FAIL_FAST_S3FS_RETRIES,
     S3_CLIENT_DEFAULTS,

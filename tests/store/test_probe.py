@@ -9,7 +9,7 @@ import pytest
 
 from rlckpt.errors import UnsafeStoreError
 from rlckpt.store import BundleStore
-from rlckpt.store.storage_errors import is_precondition_failed, is_unavailable
+from rlckpt.store.io.storage_errors import is_precondition_failed, is_unavailable
 from support.faults import FaultyFileSystem
 
 

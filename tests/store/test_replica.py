@@ -242,7 +242,8 @@ def test_a_failure_at_every_storage_call_of_the_destination_commits_nothing_and_
 COPIER = textwrap.dedent(
     """
     import json, sys, time
-    from rlckpt.store import BundleStore, bundle, copy_bundle, files
+    from rlckpt.store import BundleStore, bundle, copy_bundle
+    from rlckpt.store.io import files
     src_url, dst_url = sys.argv[1], sys.argv[3]
     src_options, dst_options = json.loads(sys.argv[2]), json.loads(sys.argv[4])
     read_stored = bundle.Bundle.read_stored

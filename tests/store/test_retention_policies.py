@@ -1,4 +1,4 @@
-"""Retention rules (store/retention.py): the K newest, every N-th step forever, the K best by a metric the
+"""Retention rules (store/upkeep/retention.py): the K newest, every N-th step forever, the K best by a metric the
 run recorded in the manifest, and the caller's holds. A bundle any rule keeps is kept; the newest bundle
 that verifies always is; a corrupt one is never deleted nor counted."""
 

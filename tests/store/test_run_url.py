@@ -1,4 +1,4 @@
-"""One reading of a run URL (`store/run_url.py`) for the library, the CLI and every participant: a URL
+"""One reading of a run URL (`store/paths/run_url.py`) for the library, the CLI and every participant: a URL
 that fsspec could read as another place than its name says is refused, and a filesystem built
 elsewhere (the CLI's, a test's wrapper) gets the very root the library would use."""
 
@@ -9,8 +9,8 @@ import pytest
 
 from rlckpt.errors import StoreConfigError
 from rlckpt.store import BundleStore
-from rlckpt.store.location import open_location
-from rlckpt.store.run_url import parse_run_url
+from rlckpt.store.paths.location import open_location
+from rlckpt.store.paths.run_url import parse_run_url
 from support.store_checks import save_sample
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from rlckpt.errors import BadSignatureError, NewerFormatError, RunIdentityError, StoreConfigError, UnsignedBundleError
 from rlckpt.store import COMMIT_FORMAT, MANIFEST_FORMAT, BundleStore, Digest, SigningKey
-from rlckpt.store.manifest import canonical_json
+from rlckpt.store.records.manifest import canonical_json
 from rlckpt.store.signing import bundle_message
 from support.forge import (
     carry_signature,

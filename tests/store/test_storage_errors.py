@@ -1,4 +1,4 @@
-"""How storage failures are classified (`store/storage_errors.py`): outages and refused permissions are
+"""How storage failures are classified (`store/io/storage_errors.py`): outages and refused permissions are
 StoreUnavailableError naming the store, the action, the path and the cause; a store set up wrong is
 StoreConfigError; a missing object or a create-exclusive refusal passes through untouched."""
 
@@ -10,7 +10,7 @@ import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError, ParamValidationError
 
 from rlckpt.errors import StoreConfigError, StoreUnavailableError
-from rlckpt.store.storage_errors import unavailable_as_store_error
+from rlckpt.store.io.storage_errors import unavailable_as_store_error
 
 URL = "s3://bucket/run"
 

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from rlckpt.store import BundleStore, RunRecord, step_dirname
-from rlckpt.store.manifest import canonical_json
-from rlckpt.store.paths import COMMIT_NAME
-from rlckpt.store.run_record import RUN_RECORD_NAME
+from rlckpt.store.paths.paths import COMMIT_NAME
+from rlckpt.store.records.manifest import canonical_json
+from rlckpt.store.records.run_record import RUN_RECORD_NAME
 
 
 class RunsCode:

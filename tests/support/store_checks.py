@@ -9,8 +9,8 @@ import time
 from typing import Any
 
 from rlckpt.store import BundleStore, BundleTransaction, Intent
-from rlckpt.store.paths import TXN_DIR, parse_step_dirname
-from rlckpt.store.run_record import RUN_RECORD_NAME
+from rlckpt.store.paths.paths import TXN_DIR, parse_step_dirname
+from rlckpt.store.records.run_record import RUN_RECORD_NAME
 
 
 def all_paths(store: BundleStore) -> list[str]:
@@ -121,8 +121,8 @@ def raw_path(store: BundleStore, *parts: str) -> str:
 def stored_path(store: BundleStore, step: int, rel: str) -> str:
     """Where the file `rel` of committed bundle `step` is stored (its manifest and COMMIT sit in the step
     dir; data files under the bundle's root, which on object stores is per transaction)."""
-    from rlckpt.store.manifest import CommitMarker
-    from rlckpt.store.paths import RESERVED_NAMES
+    from rlckpt.store.paths.paths import RESERVED_NAMES
+    from rlckpt.store.records.manifest import CommitMarker
 
     if rel in RESERVED_NAMES:
         return raw_path(store, f"step_{step}", rel)
@@ -182,7 +182,7 @@ def forge_file(
     import json
 
     from rlckpt.store import Digest
-    from rlckpt.store.manifest import canonical_json
+    from rlckpt.store.records.manifest import canonical_json
 
     obj = json.loads(store.fs.cat_file(raw_path(store, f"step_{step}", "manifest.json")))
     digest = Digest.of(stored)
@@ -204,7 +204,7 @@ def rewrite_as_format_1(store: BundleStore, step: int) -> bytes:
     import hashlib
     import json
 
-    from rlckpt.store.manifest import canonical_json
+    from rlckpt.store.records.manifest import canonical_json
 
     manifest = json.loads(store.fs.cat_file(raw_path(store, f"step_{step}", "manifest.json")))
     commit = json.loads(store.fs.cat_file(raw_path(store, f"step_{step}", "COMMIT")))

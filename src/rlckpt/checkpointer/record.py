@@ -25,7 +25,7 @@ from rlckpt.checkpoint.kinds import CHECKPOINTER_FORMAT_KEY
 from rlckpt.errors import BundleFormatError, CorruptBundleError, ExtraPieceError, UnreadableBundleError
 from rlckpt.formats import Anything, Field, Int, ListOf, MapOf, Number, Record, Str
 from rlckpt.store import Bundle
-from rlckpt.store.manifest import check_metadata
+from rlckpt.store.records.manifest import check_metadata
 
 from .pieces import KINDS, NAME_PATTERN, piece_path
 

@@ -148,7 +148,7 @@ def add_verify_key_argument(parser: argparse.ArgumentParser) -> None:
 def run_id_arg(text: str) -> str:
     """argparse type for --run-id: a run id, as `_run.json` holds it."""
     from rlckpt.errors import StoreConfigError
-    from rlckpt.store.run_record import checked_run_id
+    from rlckpt.store.records.run_record import checked_run_id
 
     try:
         return checked_run_id(text)
@@ -159,7 +159,7 @@ def run_id_arg(text: str) -> str:
 def run_id(args: argparse.Namespace) -> str | None:
     """The run pinned by --run-id or $RLCKPT_RUN_ID (StoreConfigError: exit 64, for an id that is not one),
     or None."""
-    from rlckpt.store.run_record import checked_run_id
+    from rlckpt.store.records.run_record import checked_run_id
 
     pinned = getattr(args, "run_id", None) or os.environ.get(RUN_ID_ENV)
     return checked_run_id(pinned, f"${RUN_ID_ENV}") if pinned else None

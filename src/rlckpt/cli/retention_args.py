@@ -1,4 +1,4 @@
-"""The retention flags `rlckpt train` and `rlckpt gc` share (store/retention.py): keep the last K, every
+"""The retention flags `rlckpt train` and `rlckpt gc` share (store/upkeep/retention.py): keep the last K, every
 N-th step forever, the best K by a metric the run records; `rlckpt train` takes them again with
 `--replica-` for its remote tier (docs/tiers.md)."""
 

@@ -41,7 +41,7 @@ class TrainConfig:
     fresh: bool = False
     resume_step: int | None = None  # resume exactly this bundle (default: the newest that verifies)
     storage_options: dict[str, Any] | None = None
-    # Retention of the run dir (the local tier) after each commit; none of them: keep all (store/retention.py)
+    # Retention of the run dir (the local tier) after each commit; none of them: keep all (store/upkeep/retention.py)
     keep_last: int | None = None
     keep_every: int | None = None  # keep every bundle whose step is a multiple of this, forever
     keep_best: int | None = None  # keep the K best by `metric` (one of RUN_METRICS)

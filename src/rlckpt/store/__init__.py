@@ -7,21 +7,27 @@ the step and the manifest's digest, and a store with the verify key reads only b
 run (docs/security.md). What callers may import is below; the submodules are the store's own.
 """
 
-from .backends.object_store import WRITE_BLOCK_SIZE
-from .buffers import READ_BUFFERS, BufferPool
-from .bundle import Bundle, InOrderRead
-from .commit_check import CommitRecords
-from .digest import Digest
-from .gc import GcReport
-from .intent import Intent
-from .location import open_location
-from .manifest import COMMIT_FORMAT, MANIFEST_FORMAT, CommitMarker, CommitSignature, FileEntry, Manifest
-from .participant import ParticipantWriter, Receipt, TransactionHandle, validate_participant
-from .paths import join_relpath, step_dirname, validate_relpath, validate_step
-from .replica import CopyReport, copy_bundle
-from .retention import METRICS_KEY, Retention, finite_metrics
-from .run_record import RunRecord
-from .signing import (
+from rlckpt.store.backends.object_store import WRITE_BLOCK_SIZE
+from rlckpt.store.bundle import Bundle, InOrderRead
+from rlckpt.store.commit.commit_check import CommitRecords
+from rlckpt.store.commit.participant import ParticipantWriter, Receipt, TransactionHandle, validate_participant
+from rlckpt.store.commit.transaction import BundleTransaction
+from rlckpt.store.io.buffers import READ_BUFFERS, BufferPool
+from rlckpt.store.io.digest import Digest
+from rlckpt.store.io.storage_errors import as_store_error, unavailable_as_store_error
+from rlckpt.store.paths.location import open_location
+from rlckpt.store.paths.paths import join_relpath, step_dirname, validate_relpath, validate_step
+from rlckpt.store.records.intent import Intent
+from rlckpt.store.records.manifest import (
+    COMMIT_FORMAT,
+    MANIFEST_FORMAT,
+    CommitMarker,
+    CommitSignature,
+    FileEntry,
+    Manifest,
+)
+from rlckpt.store.records.run_record import RunRecord
+from rlckpt.store.signing import (
     KeyPairFiles,
     SigningKey,
     SigningKeyInput,
@@ -31,9 +37,10 @@ from .signing import (
     verify_key_of,
     write_key_pair,
 )
-from .storage_errors import as_store_error, unavailable_as_store_error
-from .store import BundleStore, StoreEntry
-from .transaction import BundleTransaction
+from rlckpt.store.store import BundleStore, StoreEntry
+from rlckpt.store.upkeep.gc import GcReport
+from rlckpt.store.upkeep.replica import CopyReport, copy_bundle
+from rlckpt.store.upkeep.retention import METRICS_KEY, Retention, finite_metrics
 
 __all__ = [
     "COMMIT_FORMAT",

@@ -19,15 +19,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
 from rlckpt.errors import CorruptBundleError, UnsafeObjectError
-
-from .backends import Backend, HeldFile
-from .buffers import READ_BUFFERS
-from .commit_check import check_listing
-from .compression import ZSTD, DecompressionError, ExactDecompressor, decompress_exact
-from .digest import Digest, new_hasher
-from .manifest import CommitMarker, FileEntry, Manifest
-from .paths import step_dirname, validate_relpath
-from .storage_errors import unavailable_as_store_error
+from rlckpt.store.backends import Backend, HeldFile
+from rlckpt.store.commit.commit_check import check_listing
+from rlckpt.store.io.buffers import READ_BUFFERS
+from rlckpt.store.io.compression import ZSTD, DecompressionError, ExactDecompressor, decompress_exact
+from rlckpt.store.io.digest import Digest, new_hasher
+from rlckpt.store.io.storage_errors import unavailable_as_store_error
+from rlckpt.store.paths.paths import step_dirname, validate_relpath
+from rlckpt.store.records.manifest import CommitMarker, FileEntry, Manifest
 
 READ_BLOCK_SIZE = 16 << 20  # a streamed read fetches this much at once (one ranged GET on object stores)
 SPOOL_MAX = 64 << 20

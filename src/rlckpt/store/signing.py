@@ -20,9 +20,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from rlckpt.errors import KeyFileError
-
-from .digest import Digest
-from .manifest import canonical_json
+from rlckpt.store.io.digest import Digest
+from rlckpt.store.records.manifest import canonical_json
 
 SIGNATURE_ALGORITHM = "ed25519"
 MESSAGE_PURPOSE = "rlckpt bundle"  # a new message layout takes a new purpose, so old and new never mix

@@ -29,23 +29,28 @@ from rlckpt.errors import (
     UnsignedBundleError,
 )
 from rlckpt.formats import quoted
-
-from .backends import Backend, make_backend
-from .bundle import Bundle
-from .claims import Claims, IntentRead
-from .commit_check import CommitRecords, Trust, load_checked, load_checked_records
-from .gc import GarbageCollector, GcReport
-from .intent import DEFAULT_STALE_AFTER
-from .inventory import Inventory
-from .location import given_filesystem_root, open_location
-from .participant import ParticipantWriter, TransactionHandle, validate_participant
-from .paths import COMMIT_NAME, MANIFEST_NAME, is_txid, step_dirname, validate_step
-from .retention import Retention
-from .roster import Roster
-from .run_record import RUN_RECORD_NAME, RunRecord, checked_run_id, create_run_record, read_run_record
-from .signing import SigningKeyInput, VerifyKeyInput, signing_key_of, verify_key_of
-from .storage_errors import unavailable_as_store_error
-from .transaction import BundleTransaction
+from rlckpt.store.backends import Backend, make_backend
+from rlckpt.store.bundle import Bundle
+from rlckpt.store.commit.claims import Claims, IntentRead
+from rlckpt.store.commit.commit_check import CommitRecords, Trust, load_checked, load_checked_records
+from rlckpt.store.commit.participant import ParticipantWriter, TransactionHandle, validate_participant
+from rlckpt.store.commit.transaction import BundleTransaction
+from rlckpt.store.io.storage_errors import unavailable_as_store_error
+from rlckpt.store.paths.location import given_filesystem_root, open_location
+from rlckpt.store.paths.paths import COMMIT_NAME, MANIFEST_NAME, is_txid, step_dirname, validate_step
+from rlckpt.store.records.intent import DEFAULT_STALE_AFTER
+from rlckpt.store.records.inventory import Inventory
+from rlckpt.store.records.roster import Roster
+from rlckpt.store.records.run_record import (
+    RUN_RECORD_NAME,
+    RunRecord,
+    checked_run_id,
+    create_run_record,
+    read_run_record,
+)
+from rlckpt.store.signing import SigningKeyInput, VerifyKeyInput, signing_key_of, verify_key_of
+from rlckpt.store.upkeep.gc import GarbageCollector, GcReport
+from rlckpt.store.upkeep.retention import Retention
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Two tiers (docs/tiers.md): every save commits to a fast local tier; committed bundles are replicated in the
-background into a remote tier through its own transaction (the same bundle, store/replica.py). Above the
+background into a remote tier through its own transaction (the same bundle, store/upkeep/replica.py). Above the
 store, below the checkpoint procedures and the controller; no torch, Ray or TransferQueue here."""
 
 from .config import DEFAULT_COPY_WORKERS, ReplicationConfig

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Backend, CommitView, HeldFile, Listing, PendingWrite
-from .local import LocalBackend
-from .object_store import ObjectBackend
-from .s3 import S3Backend
+from rlckpt.store.backends.base import Backend, CommitView, HeldFile, Listing, PendingWrite
+from rlckpt.store.backends.local import LocalBackend
+from rlckpt.store.backends.object_store import ObjectBackend
+from rlckpt.store.backends.s3 import S3Backend
 
 __all__ = [
     "Backend",

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from rlckpt.errors import OversizedObjectError
-
-from ..inventory import Inventory, ListedPath, group
-from ..paths import COMMIT_NAME, MANIFEST_NAME
+from rlckpt.store.paths.paths import COMMIT_NAME, MANIFEST_NAME
+from rlckpt.store.records.inventory import Inventory, ListedPath, group
 
 # The piece of a read handed on to be hashed while it is in cache: large enough for BLAKE3's threads to
 # share, small enough to stay in a core's cache.

@@ -19,8 +19,7 @@ import stat
 from collections.abc import Iterator
 
 from rlckpt.errors import IrregularFileError
-
-from ..inventory import DIRECTORY, FILE, ListedPath
+from rlckpt.store.records.inventory import DIRECTORY, FILE, ListedPath
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # Where Linux shows a process's open files: `/proc/self/fd/<n>` opens the very file `n` is, by no name.

@@ -31,11 +31,19 @@ from rlckpt.errors import (
     SharedStorageError,
     StoreUnavailableError,
 )
-
-from ..inventory import DIRECTORY, FILE, ListedPath
-from ..paths import COMMIT_NAME, MANIFEST_NAME, QUARANTINE_DIR, RESERVED_NAMES, TMP_DIR
-from .base import READ_CHUNK, Backend, HeldFile, Inventory, Listing, PendingWrite
-from .beneath import RunRoot, fsync_tree, kind_of, named, open_for_write, pinned_path, refusal, walk
+from rlckpt.store.backends.base import READ_CHUNK, Backend, HeldFile, Inventory, Listing, PendingWrite
+from rlckpt.store.backends.beneath import (
+    RunRoot,
+    fsync_tree,
+    kind_of,
+    named,
+    open_for_write,
+    pinned_path,
+    refusal,
+    walk,
+)
+from rlckpt.store.paths.paths import COMMIT_NAME, MANIFEST_NAME, QUARANTINE_DIR, RESERVED_NAMES, TMP_DIR
+from rlckpt.store.records.inventory import DIRECTORY, FILE, ListedPath
 
 log = logging.getLogger(__name__)
 

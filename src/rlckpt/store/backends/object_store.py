@@ -14,11 +14,10 @@ from typing import Any
 from fsspec.spec import AbstractBufferedFile
 
 from rlckpt.errors import BundleExistsError
-
-from ..inventory import FILE, Inventory, ListedPath
-from ..paths import COMMIT_NAME, MANIFEST_NAME, PROBE_DIR, QUARANTINE_DIR, RESERVED_NAMES, step_dirname
-from ..storage_errors import is_precondition_failed
-from .base import Backend, CommitView, Listing, PendingWrite
+from rlckpt.store.backends.base import Backend, CommitView, Listing, PendingWrite
+from rlckpt.store.io.storage_errors import is_precondition_failed
+from rlckpt.store.paths.paths import COMMIT_NAME, MANIFEST_NAME, PROBE_DIR, QUARANTINE_DIR, RESERVED_NAMES, step_dirname
+from rlckpt.store.records.inventory import FILE, Inventory, ListedPath
 
 log = logging.getLogger(__name__)
 

@@ -9,10 +9,9 @@ from collections.abc import Callable
 from typing import Any
 
 from rlckpt.errors import StoreUnavailableError
-
-from .base import HeldFile, Listing, PendingWrite
-from .object_store import ObjectBackend
-from .s3_io import (
+from rlckpt.store.backends.base import HeldFile, Listing, PendingWrite
+from rlckpt.store.backends.object_store import ObjectBackend
+from rlckpt.store.backends.s3_io import (
     PART_BUFFERS,
     READ_PIECE,
     READS_IN_FLIGHT,

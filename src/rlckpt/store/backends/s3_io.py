@@ -24,9 +24,9 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any
 
-from .base import HeldFile, PendingWrite
-from .object_store import WRITE_BLOCK_SIZE
-from .s3_checksums import body_checksum
+from rlckpt.store.backends.base import HeldFile, PendingWrite
+from rlckpt.store.backends.object_store import WRITE_BLOCK_SIZE
+from rlckpt.store.backends.s3_checksums import body_checksum
 
 log = logging.getLogger(__name__)
 
@@ -367,7 +367,7 @@ def _pieces(start: int, length: int, piece: int) -> list[tuple[int, int]]:
 def is_invalid_range(exc: BaseException) -> bool:
     """416 InvalidRange: a ranged GET that starts at or beyond the end of the object (an empty object's too;
     Ceph RGW's reaches us as `OSError: [Errno 22] None`, the code only in the cause)."""
-    from ..storage_errors import service_error_code
+    from rlckpt.store.io.storage_errors import service_error_code
 
     text = f"{type(exc).__name__}: {exc}"
     return (

@@ -10,9 +10,8 @@ from dataclasses import asdict, dataclass
 
 from rlckpt.errors import MalformedRecordError
 from rlckpt.formats import Field, Int, Nullable, Number, Record, Str, read_format
-
-from .manifest import canonical_json, parse_canonical
-from .paths import TXID_PATTERN
+from rlckpt.store.paths.paths import TXID_PATTERN
+from rlckpt.store.records.manifest import canonical_json, parse_canonical
 
 INTENT_FORMAT = 1
 INTENT_MAX_BYTES = 64 << 10
@@ -39,7 +38,7 @@ INTENT = Record(
     MalformedRecordError,
     constant="INTENT_FORMAT",
     stored_in="`_txn/step_<N>.json`: canonical JSON, at most 64 KiB",
-    writer="`rlckpt.store.intent.Intent` (`BundleStore.begin`; gc claims a step with one too)",
+    writer="`rlckpt.store.records.intent.Intent` (`BundleStore.begin`; gc claims a step with one too)",
     doc=(
         "The write-ahead intent of a running save, and the claim of its step: created before the first "
         "data byte, removed when the save commits or aborts. An intent that does not read (malformed, "

@@ -24,12 +24,11 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from rlckpt.errors import BundleExistsError, CorruptBundleError, NewerFormatError, UncommittedBundleError
-
-from .bundle import Bundle
-from .commit_check import CommitRecords
-from .manifest import FileEntry
-from .store import BundleStore
-from .transaction import BundleTransaction
+from rlckpt.store.bundle import Bundle
+from rlckpt.store.commit.commit_check import CommitRecords
+from rlckpt.store.commit.transaction import BundleTransaction
+from rlckpt.store.records.manifest import FileEntry
+from rlckpt.store.store import BundleStore
 
 log = logging.getLogger(__name__)
 

@@ -11,14 +11,13 @@ from typing import Any
 
 from rlckpt.errors import BundleExistsError, InvalidPathError, ParticipantError, TransactionStateError
 from rlckpt.formats import MapKey, Refusal, quoted
-
-from .backends import Backend
-from .claims import Claims
-from .files import FileWriter
-from .manifest import FileEntry, read_file_entry
-from .paths import is_txid, validate_relpath, validate_step
-from .roster import Roster
-from .storage_errors import unavailable_as_store_error
+from rlckpt.store.backends import Backend
+from rlckpt.store.commit.claims import Claims
+from rlckpt.store.io.files import FileWriter
+from rlckpt.store.io.storage_errors import unavailable_as_store_error
+from rlckpt.store.paths.paths import is_txid, validate_relpath, validate_step
+from rlckpt.store.records.manifest import FileEntry, read_file_entry
+from rlckpt.store.records.roster import Roster
 
 log = logging.getLogger(__name__)
 

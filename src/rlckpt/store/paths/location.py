@@ -26,9 +26,8 @@ import fsspec
 import fsspec.core
 
 from rlckpt.errors import StoreConfigError, StoreUnavailableError
-
-from .run_url import LOCAL_PROTOCOLS, RunUrl, parse_run_url
-from .storage_errors import as_store_error, describe_cause
+from rlckpt.store.io.storage_errors import as_store_error, describe_cause
+from rlckpt.store.paths.run_url import LOCAL_PROTOCOLS, RunUrl, parse_run_url
 
 log = logging.getLogger(__name__)
 

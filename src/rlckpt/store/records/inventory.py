@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .paths import COMMIT_NAME, PROBE_DIR, QUARANTINE_DIR, TMP_DIR, TXN_DIR, parse_step_dirname
+from rlckpt.store.paths.paths import COMMIT_NAME, PROBE_DIR, QUARANTINE_DIR, TMP_DIR, TXN_DIR, parse_step_dirname
 
 FILE = "file"
 DIRECTORY = "directory"

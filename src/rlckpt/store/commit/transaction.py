@@ -18,20 +18,26 @@ from rlckpt.errors import (
     UnreadableBundleError,
 )
 from rlckpt.formats import quoted
-
-from .backends import Backend
-from .claims import Claims
-from .commit_check import CommitRecords, Trust, check_records, listing_problem
-from .digest import Digest
-from .files import FileWriter
-from .manifest import CommitMarker, CommitSignature, FileEntry, Manifest, canonical_json, check_metadata
-from .participant import Receipt, TransactionHandle, checked_receipt
-from .path_set import PathSet
-from .paths import validate_relpath
-from .readback import stored_digest
-from .roster import Roster, RosterState
-from .signing import SigningKey, bundle_message
-from .storage_errors import unavailable_as_store_error
+from rlckpt.store.backends import Backend
+from rlckpt.store.commit.claims import Claims
+from rlckpt.store.commit.commit_check import CommitRecords, Trust, check_records, listing_problem
+from rlckpt.store.commit.participant import Receipt, TransactionHandle, checked_receipt
+from rlckpt.store.io.digest import Digest
+from rlckpt.store.io.files import FileWriter
+from rlckpt.store.io.readback import stored_digest
+from rlckpt.store.io.storage_errors import unavailable_as_store_error
+from rlckpt.store.paths.path_set import PathSet
+from rlckpt.store.paths.paths import validate_relpath
+from rlckpt.store.records.manifest import (
+    CommitMarker,
+    CommitSignature,
+    FileEntry,
+    Manifest,
+    canonical_json,
+    check_metadata,
+)
+from rlckpt.store.records.roster import Roster, RosterState
+from rlckpt.store.signing import SigningKey, bundle_message
 
 log = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from .compression import StreamCompressor
-from .digest import WRITE_ALGORITHM, Digest, new_hasher
-from .manifest import FileEntry
+from rlckpt.store.io.compression import StreamCompressor
+from rlckpt.store.io.digest import WRITE_ALGORITHM, Digest, new_hasher
+from rlckpt.store.records.manifest import FileEntry
 
 
 class HashingWriter(io.RawIOBase):

@@ -30,9 +30,10 @@ from rlckpt.formats import (
     read_format,
     readable,
 )
-
-from .digest import SHA256, Digest
-from .manifest_formats import (
+from rlckpt.store.io.digest import SHA256, Digest
+from rlckpt.store.paths.path_set import PathSet
+from rlckpt.store.paths.paths import COMMIT_NAME, MANIFEST_NAME
+from rlckpt.store.records.manifest_formats import (
     COMMIT_FORMAT,
     COMMIT_FORMATS,
     FILE_ENTRY,
@@ -40,8 +41,6 @@ from .manifest_formats import (
     MANIFEST_FORMATS,
     RUN_ID,
 )
-from .path_set import PathSet
-from .paths import COMMIT_NAME, MANIFEST_NAME
 
 # Caps on what a reader will fetch of each metadata record: no object in a run can make it allocate more.
 COMMIT_MAX_BYTES = 64 << 10

@@ -13,10 +13,9 @@ import time
 from dataclasses import dataclass
 
 from rlckpt.errors import BundleExistsError, UnsafeObjectError
-
-from .backends import Backend
-from .intent import INTENT_MAX_BYTES, Intent, age_reason
-from .paths import COMMIT_NAME, TXN_DIR, intent_name, parse_intent_name, step_dirname
+from rlckpt.store.backends import Backend
+from rlckpt.store.paths.paths import COMMIT_NAME, TXN_DIR, intent_name, parse_intent_name, step_dirname
+from rlckpt.store.records.intent import INTENT_MAX_BYTES, Intent, age_reason
 
 log = logging.getLogger(__name__)
 

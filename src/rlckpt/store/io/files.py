@@ -14,15 +14,14 @@ from typing import BinaryIO
 
 from rlckpt.errors import InvalidPathError, LostWriteError, TransactionStateError
 from rlckpt.formats import quoted
-
-from .backends import Backend, PendingWrite
-from .buffers import READ_BUFFERS
-from .compression import DEFAULT_LEVEL, check_compression
-from .hashing_writer import HashingWriter
-from .manifest import FileEntry
-from .path_set import PathSet
-from .paths import join_relpath, step_dirname, validate_relpath
-from .storage_errors import describe_cause, unavailable_as_store_error
+from rlckpt.store.backends import Backend, PendingWrite
+from rlckpt.store.io.buffers import READ_BUFFERS
+from rlckpt.store.io.compression import DEFAULT_LEVEL, check_compression
+from rlckpt.store.io.hashing_writer import HashingWriter
+from rlckpt.store.io.storage_errors import describe_cause, unavailable_as_store_error
+from rlckpt.store.paths.path_set import PathSet
+from rlckpt.store.paths.paths import join_relpath, step_dirname, validate_relpath
+from rlckpt.store.records.manifest import FileEntry
 
 log = logging.getLogger(__name__)
 

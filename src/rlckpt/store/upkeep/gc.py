@@ -22,15 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rlckpt.errors import CorruptBundleError, UncommittedBundleError
-
-from .backends import Backend
-from .bundle import Bundle
-from .claims import Claims, IntentRead
-from .commit_check import Trust, committed_txid, load_checked_manifest
-from .inventory import Inventory
-from .manifest import Manifest
-from .paths import TMP_DIR, TXN_DIR, parse_step_dirname, step_dirname
-from .retention import Retention
+from rlckpt.store.backends import Backend
+from rlckpt.store.bundle import Bundle
+from rlckpt.store.commit.claims import Claims, IntentRead
+from rlckpt.store.commit.commit_check import Trust, committed_txid, load_checked_manifest
+from rlckpt.store.paths.paths import TMP_DIR, TXN_DIR, parse_step_dirname, step_dirname
+from rlckpt.store.records.inventory import Inventory
+from rlckpt.store.records.manifest import Manifest
+from rlckpt.store.upkeep.retention import Retention
 
 log = logging.getLogger(__name__)
 

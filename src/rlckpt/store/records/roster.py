@@ -23,9 +23,8 @@ import logging
 from dataclasses import dataclass
 
 from rlckpt.errors import ParticipantError, TransactionStateError
-
-from .backends import Backend
-from .paths import TXN_DIR
+from rlckpt.store.backends import Backend
+from rlckpt.store.paths.paths import TXN_DIR
 
 log = logging.getLogger(__name__)
 

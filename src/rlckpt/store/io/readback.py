@@ -3,10 +3,10 @@ checks what a dead earlier attempt of its transaction wrote before counting it (
 
 from __future__ import annotations
 
-from .backends import Backend
-from .buffers import READ_BUFFERS
-from .bundle import READ_BLOCK_SIZE
-from .digest import Digest, new_hasher
+from rlckpt.store.backends import Backend
+from rlckpt.store.bundle import READ_BLOCK_SIZE
+from rlckpt.store.io.buffers import READ_BUFFERS
+from rlckpt.store.io.digest import Digest, new_hasher
 
 
 def stored_digest(backend: Backend, path: str, algorithm: str, size: int) -> tuple[Digest, int]:

@@ -18,9 +18,8 @@ from typing import Any
 
 from rlckpt.errors import CorruptBundleError, InvalidPathError
 from rlckpt.formats import SHA256_HEX, Anything, Field, Int, MapOf, Nullable, Obj, Record, Refusal, Str
-
-from .digest import ALGORITHMS
-from .paths import TXID_PATTERN, validate_relpath
+from rlckpt.store.io.digest import ALGORITHMS
+from rlckpt.store.paths.paths import TXID_PATTERN, validate_relpath
 
 MANIFEST_FORMAT = 2
 COMMIT_FORMAT = 3
@@ -106,7 +105,7 @@ MANIFEST = Record(
     CorruptBundleError,
     constant="MANIFEST_FORMAT",
     stored_in="`step_<N>/manifest.json`: canonical JSON, at most 32 MiB (about 180,000 files)",
-    writer="`rlckpt.store.manifest.Manifest` (`BundleTransaction.commit`, from every participant's receipt)",
+    writer="`rlckpt.store.records.manifest.Manifest` (`BundleTransaction.commit`, from every participant's receipt)",
     doc=(
         "Every file of a committed bundle with its stored size and digest, the bundle's step and txid, and "
         "the saver's metadata. A reader checks it once its digest matches the one COMMIT names (a path "
@@ -164,7 +163,7 @@ COMMIT = Record(
     CorruptBundleError,
     constant="COMMIT_FORMAT",
     stored_in="`step_<N>/COMMIT`: canonical JSON, at most 64 KiB; written last",
-    writer="`rlckpt.store.manifest.CommitMarker` (`BundleTransaction.commit`)",
+    writer="`rlckpt.store.records.manifest.CommitMarker` (`BundleTransaction.commit`)",
     doc=(
         "The marker that makes a bundle committed: a step without it is not read. It names the digest of "
         "the manifest beside it, and from format 3 the run it was committed in and the bundle's signature. "

@@ -16,9 +16,8 @@ from dataclasses import asdict, dataclass
 
 from rlckpt.errors import MalformedRecordError, StoreConfigError
 from rlckpt.formats import Field, Record, Str, quoted, read_format
-
-from .backends import Backend
-from .manifest import canonical_json, parse_canonical
+from rlckpt.store.backends import Backend
+from rlckpt.store.records.manifest import canonical_json, parse_canonical
 
 RUN_RECORD_NAME = "_run.json"
 RUN_RECORD_FORMAT = 1
@@ -40,7 +39,7 @@ RUN_RECORD = Record(
     constant="RUN_RECORD_FORMAT",
     stored_in="`_run.json` at the run's root: canonical JSON, at most 4 KiB",
     writer=(
-        "`rlckpt.store.run_record.RunRecord` (the run's first `BundleStore.begin`, create-exclusive; a "
+        "`rlckpt.store.records.run_record.RunRecord` (the run's first `BundleStore.begin`, create-exclusive; a "
         "replica takes its source's through `BundleStore.ensure_run_record`)"
     ),
     doc=(

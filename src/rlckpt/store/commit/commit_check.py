@@ -19,13 +19,12 @@ from rlckpt.errors import (
     UnsafeObjectError,
     UnsignedBundleError,
 )
-
-from .backends import Backend, CommitView, Listing
-from .digest import Digest
-from .manifest import COMMIT_MAX_BYTES, MANIFEST_MAX_BYTES, CommitMarker, FileEntry, Manifest
-from .paths import COMMIT_NAME, MANIFEST_NAME, step_dirname
-from .run_record import RUN_RECORD_NAME
-from .signing import VerifyKey, bundle_message
+from rlckpt.store.backends import Backend, CommitView, Listing
+from rlckpt.store.io.digest import Digest
+from rlckpt.store.paths.paths import COMMIT_NAME, MANIFEST_NAME, step_dirname
+from rlckpt.store.records.manifest import COMMIT_MAX_BYTES, MANIFEST_MAX_BYTES, CommitMarker, FileEntry, Manifest
+from rlckpt.store.records.run_record import RUN_RECORD_NAME
+from rlckpt.store.signing import VerifyKey, bundle_message
 
 
 @dataclass(frozen=True)
