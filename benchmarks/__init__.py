@@ -1,5 +1,6 @@
 """rlckpt's benchmarks, each run from the repository's root as `python -m benchmarks.NAME --help`:
 
+    save_restore       a whole bundle's save/restore vs a raw copy; --async: train-pump downtime; --two-tier
     policy             sharded policy (FSDP2 + AdamW) save/load: rlckpt.dcp vs DCP's writers and the AWS connector
     store_scale        commit cost by number of participants, and a writer's cost by number of files
     s3_ceiling         raw PUT/GET of the same bytes: the S3 server's ceiling
@@ -11,8 +12,8 @@
     manifest_parse     manifest parse time by file count
     grpo_reward_curve  the GRPO job's reward over steps
 
-`rlckpt bench barrier` (the barrier window's stall, a job users run) and `rlckpt bench save` stay commands
-of the package (rlckpt.bench). Shared parts: `benchmarks.lib` (the policy and store-scale measurements),
+`rlckpt bench barrier` (the barrier window's stall, a job users run) stays a command of the package
+(rlckpt.bench). Shared parts: `benchmarks.lib` (the measurements behind each benchmark here),
 rlckpt.bench.harness (destinations, servers, run metadata), rlckpt.bench.report (JSON, Markdown, plots).
 Results: benchmarks/results/ (docs/benchmarks.md). The benchmarks reuse the tests' rank and fault helpers
 (tests/support, imported as `support`), put on the path here.

@@ -1,1 +1,1 @@
-"""The measurements behind `python -m benchmarks.policy` and `python -m benchmarks.store_scale`."""
+"""The measurements behind `python -m benchmarks.policy`, `.store_scale` and `.save_restore`."""

@@ -4,6 +4,7 @@ reading `rlckpt train`'s stderr, and the CLI's argument handling."""
 from __future__ import annotations
 
 import pytest
+from benchmarks.lib.first_step import StderrWatch
 
 from rlckpt.bench.barrier import (
     PointResult,
@@ -11,7 +12,6 @@ from rlckpt.bench.barrier import (
     classify_commit_waits,
     evaluate_targets,
 )
-from rlckpt.bench.first_step import StderrWatch
 from rlckpt.bench.rows import RowShape, make_group
 from rlckpt.bench.stats import summarize
 from rlckpt.bench.timed_barrier import MutationEvent, WindowEvent
@@ -129,3 +129,16 @@ def test_replot_writes_the_table_and_plot_into_a_new_out_dir(tmp_path, capsys):
     assert main(["bench", "barrier", "--replot", str(results), "--out-dir", str(out)]) == 0
     assert "| local | pinned |" in (out / "barrier_stall.md").read_text()
     assert (out / "barrier_stall.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_save_benchmark_takes_its_modes_and_destinations_on_its_own_command_line():
+    from benchmarks.save_restore import build_parser as save_parser
+
+    args = save_parser().parse_args(["--async", "--policy-mib", "256", "--destinations", "local"])
+    assert (args.async_saves, args.two_tier, args.policy_mib, args.destinations) == (True, False, 256.0, ["local"])
+
+
+def test_rlckpt_bench_offers_the_barrier_benchmark_only():
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "save"])
+    assert build_parser().parse_args(["bench", "barrier"]).bench_command == "barrier"

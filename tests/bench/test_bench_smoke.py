@@ -1,4 +1,4 @@
-"""Smoke runs of `rlckpt bench barrier` and `rlckpt bench save` at a tiny size on the session's real
+"""Smoke runs of `rlckpt bench barrier` and `python -m benchmarks.save_restore` at a tiny size on the session's real
 TransferQueue, local disk and the moto server, so the benchmarks cannot rot. No timing assertions."""
 
 from __future__ import annotations
@@ -7,6 +7,10 @@ import asyncio
 import json
 
 import pytest
+from benchmarks.lib.save_downtime import DowntimeConfig, downtime_table, run_downtime
+from benchmarks.lib.save_downtime import result_document as result_document_downtime
+from benchmarks.lib.save_restore import SaveRestoreConfig, run_save_restore
+from benchmarks.lib.two_tiers import run_two_tiers, two_tier_document, two_tier_table
 
 from rlckpt.bench.barrier import (
     BarrierConfig,
@@ -23,10 +27,6 @@ from rlckpt.bench.report import (
     write_json,
 )
 from rlckpt.bench.rows import RowShape
-from rlckpt.bench.save_downtime import DowntimeConfig, downtime_table, run_downtime
-from rlckpt.bench.save_downtime import result_document as result_document_downtime
-from rlckpt.bench.save_restore import SaveRestoreConfig, run_save_restore
-from rlckpt.bench.two_tiers import run_two_tiers, two_tier_document, two_tier_table
 from rlckpt.checkpoint.row_copy import start_ray_row_copier
 from rlckpt.controller.connect import ConnectOnlyDataPlane
 from rlckpt.store import BundleStore

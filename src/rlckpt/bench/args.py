@@ -73,3 +73,63 @@ def ends_on_sigterm(run: Callable[[argparse.Namespace], int]) -> Callable[[argpa
             signal.signal(signal.SIGTERM, previous)
 
     return ending
+
+
+def add_destination_arguments(parser: argparse.ArgumentParser) -> None:
+    """--destinations, the RGW endpoint and its keys, the scratch and staging dirs, --no-compress, --out-dir, -v."""
+    parser.add_argument(
+        "--destinations",
+        type=csv_list,
+        default=["local", "s3"],
+        metavar="LIST",
+        help="comma list of: local (scratch dir on disk), s3 (moto server on loopback); default local,s3",
+    )
+    parser.add_argument(
+        "--rgw-endpoint",
+        metavar="URL",
+        default=None,
+        help="also run against this S3 endpoint (e.g. Ceph RGW from scripts/rgw.sh) as s3-rgw",
+    )
+    parser.add_argument(
+        "--rgw-key", default="testing", metavar="KEY", help="access key for --rgw-endpoint (default testing)"
+    )
+    parser.add_argument(
+        "--rgw-secret", default="testing", metavar="SECRET", help="secret key for --rgw-endpoint (default testing)"
+    )
+    parser.add_argument(
+        "--scratch-dir",
+        default=None,
+        metavar="DIR",
+        help="where the local destination lives (default: system temp dir)",
+    )
+    parser.add_argument(
+        "--staging-dir", default=None, metavar="DIR", help="snapshot staging root (default: /dev/shm when available)"
+    )
+    parser.add_argument("--no-compress", action="store_true", help="store data-plane files without zstd")
+    parser.add_argument(
+        "--out-dir",
+        default=DEFAULT_OUT_DIR,
+        metavar="DIR",
+        help=f"where results are written (default {DEFAULT_OUT_DIR})",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log to stderr: -v info, -vv debug")
+
+
+def open_destinations(args: argparse.Namespace) -> Any:
+    """The benchmark destinations the command line names (a context manager: S3 servers run inside it)."""
+    from rlckpt.bench.harness import destinations
+
+    return destinations(
+        args.destinations,
+        scratch_root=args.scratch_dir,
+        rgw_endpoint=args.rgw_endpoint,
+        rgw_key=args.rgw_key,
+        rgw_secret=args.rgw_secret,
+    )
+
+
+def check_destinations(args: argparse.Namespace) -> None:
+    """Refuse a destination the harness does not know (RGW is --rgw-endpoint, not a name)."""
+    unknown = set(args.destinations) - {"local", "s3"}
+    if unknown:
+        raise SystemExit(f"unknown destinations {sorted(unknown)} (use local, s3; RGW via --rgw-endpoint)")

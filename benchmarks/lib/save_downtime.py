@@ -1,4 +1,4 @@
-"""`rlckpt bench save --async`: how long a save blocks the train pump, synchronous against async,
+"""`python -m benchmarks.save_restore --async`: how long a save blocks the train pump, synchronous against async,
 next to the time it takes to stage the policy to host memory.
 
 The train pump waits for ``start_save`` (begin, policy staging, the window) and, in a synchronous

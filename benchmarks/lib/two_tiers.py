@@ -1,8 +1,8 @@
-"""`rlckpt bench save --two-tier`: what replication costs the train pump, and how long a bundle takes to
+"""`python -m benchmarks.save_restore --two-tier`: what replication costs the train pump, and how long a bundle takes to
 reach the remote tier (docs/tiers.md).
 
 Three ways to save the same state (a real-tensor policy and a real TransferQueue data plane, async saves
-with the pinned upload timing, as `rlckpt bench save --async`):
+with the pinned upload timing, as `python -m benchmarks.save_restore --async`):
 
 - local only: saves to the local tier, nothing else;
 - two tiers: saves to the local tier while the previous bundle is replicated to S3 by a BundleReplicator
@@ -23,12 +23,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from benchmarks.lib.save_downtime import DowntimeConfig, TensorPolicy
 from rlckpt.bench.barrier import PARTITION
 from rlckpt.bench.destinations import Destination
 from rlckpt.bench.participants import bench_participants
 from rlckpt.bench.pump import RolloutPump
 from rlckpt.bench.rows import MiB
-from rlckpt.bench.save_downtime import DowntimeConfig, TensorPolicy
 from rlckpt.checkpoint.row_copy import RowCopier
 from rlckpt.checkpoint.save import SaveParticipants, start_save
 from rlckpt.dataplane.base import DataPlaneClient

@@ -1,4 +1,4 @@
-"""`rlckpt bench save`: end-to-end save and restore of a whole bundle (policy + data plane) through
+"""`python -m benchmarks.save_restore`: end-to-end save and restore of a whole bundle (policy + data plane) through
 rlckpt, against a raw fsspec copy of the same bytes, on each destination.
 
 rlckpt save  = ``save_bundle`` (policy write, window with TQ snapshot to local staging, digest +
@@ -138,7 +138,7 @@ class _Bench:
         )
         result.restore_s.append(time.perf_counter() - t)
         if restored is None:
-            raise CheckpointError(f"bench save: nothing to restore at {store.url}")
+            raise CheckpointError(f"save_restore: nothing to restore at {store.url}")
         await self._adopt(client)
 
     async def raw_restore(self, destination: Destination, raw_url: str, result: SaveRestoreResult) -> None:
