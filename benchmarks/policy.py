@@ -139,6 +139,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="measure nothing: redraw the table and plot from an earlier results JSON",
     )
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="JSON",
+        default=None,
+        help=(
+            "measure nothing: write --out from earlier results JSONs (lane by lane runs), keeping for each "
+            "destination, ranks and size the point of the latest run; each row names its run"
+        ),
+    )
     add_verbose_argument(p)
     return p
 
@@ -163,11 +173,24 @@ def run_policy(args: argparse.Namespace) -> int:
     from rlckpt.bench.report import write_json
 
     out = Path(args.out)
-    if args.replot:
+    runs: list[dict[str, Any]] = []
+    if args.merge:
+        from benchmarks.lib.policy_merge import merge_documents  # MergeRefused is a ValueError
+
+        try:
+            merged = merge_documents([json.loads(Path(f).read_text()) for f in args.merge])
+        except (OSError, ValueError, KeyError) as exc:
+            raise SystemExit(f"benchmarks.policy: --merge: {exc}") from None
+        points, digests, config_doc, runs = merged.points, merged.digests, merged.config, merged.runs
+        meta = {**run_metadata(command_line()), "merged_runs": runs, "not_measured": {}}
+        meta["load_average_1m_end"] = meta["load_average_1m"]
+        write_json(out, result_document(points, PolicyBenchConfig(**config_doc), meta, digests))
+    elif args.replot:
         document = json.loads(Path(args.replot).read_text())
         points, meta = points_from_document(document), document["meta"]
         digests = [DigestSpeed(**d) for d in document.get("digests", [])]
         config_doc = document["config"]
+        runs = meta.get("merged_runs", [])
     else:
         names = set(args.destinations)
         if args.rgw_endpoint and not names & {"rgw", "rgw-proxy"}:
@@ -270,8 +293,18 @@ def run_policy(args: argparse.Namespace) -> int:
         + proxied_note(points)
         + "".join(f"- {what}: failed: {why}\n" for what, why in meta.get("not_measured", {}).items())
     )
+    from benchmarks.lib.policy_merge import runs_list
+
+    merged_from = (
+        f"Merged from {len(runs)} runs, each point from the latest run that measured it (its `run` column):\n\n"
+        + runs_list(runs)
+        + "\n"
+        if runs
+        else ""
+    )
     markdown = (
-        settings
+        merged_from
+        + settings
         + policy_table(points)
         + (f"\nNot measured, or not compared:\n\n{note}" if note else "")
         + "\nTargets (rlckpt's median against each, every point):\n\n"
@@ -279,6 +312,7 @@ def run_policy(args: argparse.Namespace) -> int:
         + "\nDigest throughput on this machine (one process, a buffer in memory; the store's own hashers):\n\n"
         + digest_table(digests)
     )
+    out.parent.mkdir(parents=True, exist_ok=True)  # --replot into a new directory writes nothing else first
     out.with_suffix(".md").write_text(
         f"Command: `{meta['command']}` ({meta['date_utc']}, commit {meta.get('git_commit')}, "
         f"load average at start {meta.get('load_average_1m', 0):.1f}, at end "

@@ -178,6 +178,7 @@ class PointResult:
     skipped: dict[str, str] = field(default_factory=dict)
     kind: str = "s3"
     proxied_saves: list[str] = field(default_factory=list)  # systems that saved through a proxy, not compared
+    run: str = ""  # the run it came from, in a result merged from several (benchmarks.lib.policy_merge)
 
     def compared(self, system: str, op: str) -> bool:
         """Whether `system`'s `op` ran where rlckpt's did (a save through the ETag proxy did not)."""
@@ -823,6 +824,7 @@ def points_from_document(document: dict[str, Any]) -> list[PointResult]:
             dict(p.get("skipped", {})),
             p.get("kind", "local" if p["destination"] == "local" else "s3"),
             list(p.get("proxied_saves", [])),
+            p.get("run", ""),
         )
         for p in document["points"]
     ]

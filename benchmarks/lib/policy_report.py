@@ -45,17 +45,28 @@ def _mib(p: PointResult, system: str, op: str) -> str:
     return "-" if math.isnan(value) else _shown(p, system, op, f"{value:.0f}")
 
 
+def _run_column(points: Sequence[PointResult]) -> tuple[str, str]:
+    """The header and separator of the `run` column, shown only in a result merged from several runs."""
+    return (" run |", "---|") if any(p.run for p in points) else ("", "")
+
+
+def _run_cell(p: PointResult, points: Sequence[PointResult]) -> str:
+    """The point's `run` cell, or nothing when no point of the table carries a run."""
+    return f" {p.run or '-'} |" if any(q.run for q in points) else ""
+
+
 def s3_table(points: Sequence[PointResult]) -> str:
     """One row per S3 point: median save and load (s) of rlckpt, s3torchconnector and DCP's fsspec writer, the
     ratios the targets judge (**bold**: missed), the extra memory per rank (MiB, the largest rank's)."""
+    s3 = [p for p in points if p.kind == "s3"]
     header = (
         "| destination | ranks | state | save s: rlckpt / s3tc / fsspec | save / s3tc | save / fsspec "
         "| load s: rlckpt / s3tc / fsspec | load / s3tc | load / fsspec "
-        "| save +MiB: rlckpt / s3tc / fsspec | load +MiB: rlckpt / s3tc / fsspec | verified | n |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n"
-    )
+        "| save +MiB: rlckpt / s3tc / fsspec | load +MiB: rlckpt / s3tc / fsspec | verified | n |{}\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|{}\n"
+    ).format(*_run_column(s3))
     lines = []
-    for p in sorted((p for p in points if p.kind == "s3"), key=lambda p: (p.destination, p.size_mib, p.ranks)):
+    for p in sorted(s3, key=lambda p: (p.destination, p.size_mib, p.ranks)):
         systems = (RLCKPT, S3TC, FSSPEC)
         lines.append(
             f"| {p.destination} | {p.ranks} | {p.state_bytes / MiB:.0f} MiB "
@@ -66,6 +77,7 @@ def s3_table(points: Sequence[PointResult]) -> str:
             f"| {' / '.join(_mib(p, s, 'save') for s in systems)} "
             f"| {' / '.join(_mib(p, s, 'load') for s in systems)} "
             f"| {'yes' if all(m.verified for m in p.measurements) else '**NO**'} | {len(p.times(RLCKPT, 'save'))} |"
+            + _run_cell(p, s3)
         )
     return header + "\n".join(lines) + "\n" if lines else ""
 
@@ -73,13 +85,14 @@ def s3_table(points: Sequence[PointResult]) -> str:
 def local_table(points: Sequence[PointResult]) -> str:
     """One row per local-disk point: rlckpt against DCP's FileSystemWriter/Reader and the checked floor (DCP's
     load + one BLAKE3 pass), and the extra memory per rank."""
+    local = [p for p in points if p.kind == "local"]
     header = (
         "| destination | ranks | state | save s: rlckpt / DCP | save / DCP | load s: rlckpt / DCP / checked floor "
-        "| load / floor | load / DCP | save +MiB: rlckpt / DCP | load +MiB: rlckpt / DCP | verified | n |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n"
-    )
+        "| load / floor | load / DCP | save +MiB: rlckpt / DCP | load +MiB: rlckpt / DCP | verified | n |{}\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|{}\n"
+    ).format(*_run_column(local))
     lines = []
-    for p in sorted((p for p in points if p.kind == "local"), key=lambda p: (p.destination, p.size_mib, p.ranks)):
+    for p in sorted(local, key=lambda p: (p.destination, p.size_mib, p.ranks)):
         floor = f"{p.floor:.2f}" if p.floor_times() else "-"
         lines.append(
             f"| {p.destination} | {p.ranks} | {p.state_bytes / MiB:.0f} MiB "
@@ -89,6 +102,7 @@ def local_table(points: Sequence[PointResult]) -> str:
             f"| {_mib(p, RLCKPT, 'save')} / {_mib(p, DCP, 'save')} "
             f"| {_mib(p, RLCKPT, 'load')} / {_mib(p, DCP, 'load')} "
             f"| {'yes' if all(m.verified for m in p.measurements) else '**NO**'} | {len(p.times(RLCKPT, 'save'))} |"
+            + _run_cell(p, local)
         )
     return header + "\n".join(lines) + "\n" if lines else ""
 
