@@ -15,7 +15,7 @@ from rlckpt.checkpoint import codec, layout
 from rlckpt.checkpoint.phase import Phase, RestorePhase
 from rlckpt.checkpoint.restore import restore_run
 from rlckpt.checkpoint.run_format import INDEX_1_COMMIT_FIELDS
-from rlckpt.controller.trainer_group import LocalTrainerGroup
+from rlckpt.controller.ranks.trainer_group import LocalTrainerGroup
 from rlckpt.dataplane.memory import InMemoryDataPlane
 from rlckpt.dataplane.snapshot_metadata import read_snapshot_metadata
 from rlckpt.errors import CheckpointError

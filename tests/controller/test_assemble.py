@@ -21,7 +21,7 @@ from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.connect import ReplayBufferSpec, replay_buffer_spec
 from rlckpt.controller.handles import LocalGenerator
 from rlckpt.controller.loop_state import LoopState
-from rlckpt.controller.trainer_group import LocalTrainerGroup
+from rlckpt.controller.ranks.trainer_group import LocalTrainerGroup
 from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
 from rlckpt.errors import InventoryMismatchError, ReplayStateError
 from rlckpt.grpo import DigitSumTask, GenerationWorker, GRPOConfig, PromptLoader

@@ -8,14 +8,14 @@ import math
 
 import pytest
 
-from rlckpt.controller.capacity import (
+from rlckpt.controller.config import TrainConfig
+from rlckpt.controller.ranks.capacity import (
     RANK_MEMORY_BYTES,
     check_capacity,
     check_rank_resources,
     rank_request,
     ranks_that_fit,
 )
-from rlckpt.controller.config import TrainConfig
 from rlckpt.errors import ClusterConfigError
 
 GIB = float(1 << 30)

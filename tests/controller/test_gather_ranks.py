@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from rlckpt.controller.trainer_group import gather_ranks
+from rlckpt.controller.ranks.trainer_group import gather_ranks
 from rlckpt.errors import TrainerGroupError
 
 

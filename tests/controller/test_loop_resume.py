@@ -8,7 +8,7 @@ import pytest
 
 from rlckpt.controller import loop as loop_module
 from rlckpt.controller.config import TrainConfig
-from rlckpt.controller.trainer_group import StagedRankPolicy
+from rlckpt.controller.ranks.trainer_group import StagedRankPolicy
 from rlckpt.errors import SaveFailedError
 from rlckpt.grpo import (
     DigitSumTask,

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from rlckpt.controller.config import TrainConfig
+from rlckpt.controller.ranks.trainer_group import LocalTrainerGroup
 from rlckpt.controller.stopping import StopOutcome, StopRequest
-from rlckpt.controller.trainer_group import LocalTrainerGroup
 from rlckpt.errors import FinalSaveAbortedError
 from rlckpt.grpo import GRPOConfig
 from rlckpt.store import BundleStore, BundleTransaction

@@ -12,7 +12,7 @@ import pytest
 
 from rlckpt.checkpoint import layout
 from rlckpt.checkpoint.restore import PolicyLocation
-from rlckpt.controller.trainer_group import LocalTrainerGroup, TrainerGroup
+from rlckpt.controller.ranks.trainer_group import LocalTrainerGroup, TrainerGroup
 from rlckpt.errors import TrainerGroupError
 from rlckpt.grpo import DigitSumTask, GRPOConfig, TrainBatch
 from rlckpt.store import BundleStore

@@ -18,8 +18,8 @@ import torch.distributed.checkpoint as dcp
 
 from rlckpt.dcp import BundleStorageReader, BundleStorageWriter
 from rlckpt.dcp import _format as format_module
+from rlckpt.dcp import _prefetch as prefetch_module
 from rlckpt.dcp import _safe_unpickle as safe_unpickle
-from rlckpt.dcp import reader as reader_module
 from rlckpt.dcp._format import SMALL_ITEM_BYTES
 from rlckpt.errors import BundleExistsError, CorruptBundleError, InvalidPathError, ShardedCheckpointError
 from rlckpt.store import BufferPool, BundleStore
@@ -316,7 +316,7 @@ def test_a_flipped_bit_in_a_format_1_bundles_shard_is_refused_under_sha256(run):
 def test_a_load_reads_into_buffers_it_gives_back_whether_it_succeeds_or_fails(run, monkeypatch):
     store, url, options = run
     pool = BufferPool()
-    monkeypatch.setattr(reader_module, "READ_BUFFERS", pool)
+    monkeypatch.setattr(prefetch_module, "READ_BUFFERS", pool)
     load(BundleStorageReader(url, storage_options=options))
     after_one = pool.idle_bytes
     assert after_one > 0

@@ -14,6 +14,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from rlckpt.dcp import BundleStorageReader, BundleStorageWriter
+from rlckpt.dcp import _prefetch as prefetch_module
 from rlckpt.dcp import reader as reader_module
 from rlckpt.errors import CorruptBundleError
 from rlckpt.store import BufferPool, BundleStore
@@ -33,7 +34,7 @@ BIG = (768, 1024)  # 3 MiB of float32: one shard file of its own
 def pool(monkeypatch) -> BufferPool:
     """A pool of read buffers of this test's own, with direct reads from 64 KiB up."""
     pool = BufferPool()
-    monkeypatch.setattr(reader_module, "READ_BUFFERS", pool)
+    monkeypatch.setattr(prefetch_module, "READ_BUFFERS", pool)
     monkeypatch.setattr(reader_module, "DIRECT_MIN", 64 << 10)
     return pool
 
@@ -345,8 +346,8 @@ def test_a_file_whose_unplaced_items_would_exceed_the_read_ahead_is_read_the_com
     """What an in-order read holds in memory (the items it cannot place) is bounded like every read ahead: beyond
     READ_AHEAD_BYTES the file is fetched whole the common way (spooled to disk above IN_MEMORY_MAX)."""
     pool = BufferPool()
-    monkeypatch.setattr(reader_module, "READ_BUFFERS", pool)
-    monkeypatch.setattr(reader_module, "READ_AHEAD_BYTES", 1 << 20)
+    monkeypatch.setattr(prefetch_module, "READ_BUFFERS", pool)
+    monkeypatch.setattr(prefetch_module, "READ_AHEAD_BYTES", 1 << 20)
     url, options = store_location
     state = saved_together(url, options)
     strided = torch.zeros(BIG[1], BIG[0]).t()  # "a" cannot be placed: 3 MiB would go into memory
@@ -367,8 +368,8 @@ def test_on_s3_a_file_whose_items_cannot_be_located_past_the_read_ahead_is_read_
     from rlckpt.dcp import _direct
 
     pool = BufferPool()
-    monkeypatch.setattr(reader_module, "READ_BUFFERS", pool)
-    monkeypatch.setattr(reader_module, "READ_AHEAD_BYTES", 4 << 20)
+    monkeypatch.setattr(prefetch_module, "READ_BUFFERS", pool)
+    monkeypatch.setattr(prefetch_module, "READ_AHEAD_BYTES", 4 << 20)
     monkeypatch.setattr(reader_module, "locate_head", lambda *_args: None)
     stopped: list[str] = []
     real_read_items = _direct.read_items

@@ -14,6 +14,7 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata
 from torch.distributed.checkpoint.planner import TensorWriteData, WriteItem, WriteItemType
 
 from rlckpt.dcp import BundleStorageReader, BundleStorageWriter
+from rlckpt.dcp import _prefetch as prefetch_module
 from rlckpt.dcp import reader as reader_module
 from rlckpt.dcp._format import DEFAULT_MAX_SHARD_BYTES, ITEM_FRAMING_BYTES, load_tensor_view, shard_plan
 from rlckpt.store import WRITE_BLOCK_SIZE, BufferPool, BundleStore
@@ -126,15 +127,15 @@ def test_every_saved_shard_file_of_several_items_is_within_max_shard_bytes(store
 
 
 def recorded_prefetches(monkeypatch) -> list:
-    """Every _Prefetch a load makes from here on (the files it fetches ahead, its workers, what it held)."""
+    """Every Prefetch a load makes from here on (the files it fetches ahead, its workers, what it held)."""
     prefetches = []
 
-    class Recorded(reader_module._Prefetch):
+    class Recorded(reader_module.Prefetch):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             prefetches.append(self)
 
-    monkeypatch.setattr(reader_module, "_Prefetch", Recorded)
+    monkeypatch.setattr(reader_module, "Prefetch", Recorded)
     return prefetches
 
 
@@ -146,8 +147,8 @@ def test_a_load_holds_at_most_its_read_ahead_budget_of_checked_files(store_locat
     saved = policy_state(model, optim)
     dcp.save(saved, storage_writer=BundleStorageWriter(url, step=1, storage_options=options, max_shard_bytes=200_000))
     pool = BufferPool()
-    monkeypatch.setattr(reader_module, "READ_BUFFERS", pool)
-    monkeypatch.setattr(reader_module, "READ_AHEAD_BYTES", 2 * 200_000)
+    monkeypatch.setattr(prefetch_module, "READ_BUFFERS", pool)
+    monkeypatch.setattr(prefetch_module, "READ_AHEAD_BYTES", 2 * 200_000)
     prefetches = recorded_prefetches(monkeypatch)
     model2, optim2 = plain_policy(192, 3, seed=5)
     loaded = policy_state(model2, optim2)

@@ -29,7 +29,7 @@ def _cmd(run_dir: str, steps: int, *extra: str, module: str = "rlckpt.cli.main",
 
 def _saved_policy_sha256(run_dir: str, step: int, options: dict | None = None) -> str:
     """The full weights of a bundle's policy, loaded here at world size 1."""
-    from rlckpt.controller.trainer_group import LocalTrainerGroup
+    from rlckpt.controller.ranks.trainer_group import LocalTrainerGroup
     from rlckpt.grpo import GRPOConfig
 
     trainer = LocalTrainerGroup(GRPOConfig())

@@ -26,7 +26,7 @@ from rlckpt.controller.connect import replay_buffer_spec
 from rlckpt.controller.handles import LocalGenerator
 from rlckpt.controller.loop import ControllerLoop, GenerateHook, RunSummary
 from rlckpt.controller.loop_state import LOADER_STATE_FORMATS, LoopState
-from rlckpt.controller.trainer_group import LocalTrainerGroup
+from rlckpt.controller.ranks.trainer_group import LocalTrainerGroup
 from rlckpt.dataplane.base import DataPlaneClient
 from rlckpt.dataplane.memory import InMemoryDataPlane, InMemoryStore
 from rlckpt.grpo import DigitSumTask, GenerationWorker, PromptLoader

@@ -18,7 +18,7 @@ import torch
 from rlckpt.checkpoint import layout
 from rlckpt.checkpoint.restore import PolicyLocation
 from rlckpt.checkpoint.run_format import POLICY_WHOLE
-from rlckpt.controller.trainer_rank import TrainerRank
+from rlckpt.controller.ranks.trainer_rank import TrainerRank
 from rlckpt.grpo import GRPOConfig
 from rlckpt.store import BundleStore
 from support.dcp_ranks import flat_tensors, full_state

@@ -1,5 +1,6 @@
-"""One rank's part of a save, for every writer of a run: `rlckpt train`'s trainer ranks (controller/trainer_rank.py)
-and the Checkpointer's ranks (checkpointer/saving.py) call these, so a fix to the per-rank save lands in both.
+"""One rank's part of a save, for every writer of a run: `rlckpt train`'s trainer ranks
+(controller/ranks/trainer_rank.py) and the Checkpointer's ranks (checkpointer/saving.py) call these, so a fix to
+the per-rank save lands in both.
 
 1. ``stage_shards``: the rank's state (its FSDP2 shards, its optimizer state) copied to host memory with DCP's
    own stager, what ``dcp.async_save`` does first. It needs no transaction, so the coordinator begins one

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from rlckpt.checkpoint.save import SaveHook
     from rlckpt.controller.config import TrainConfig
     from rlckpt.controller.loop import GenerateHook
+    from rlckpt.controller.ranks.trainer_rank import SavePlannerFactory
     from rlckpt.controller.setup import SingleController
-    from rlckpt.controller.trainer_rank import SavePlannerFactory
     from rlckpt.store import BundleStore
 
 # --ray-connect-timeout's default: the library's (rlckpt.dataplane.ray_cluster.DEFAULT_CONNECT_TIMEOUT_S),
@@ -231,7 +231,7 @@ def _non_negative(text: str) -> int:
 
 def _resources_arg(text: str) -> dict[str, float]:
     """--trainer-resources: a JSON object of Ray custom resource -> amount, checked as Ray would at once."""
-    from rlckpt.controller.capacity import check_rank_resources
+    from rlckpt.controller.ranks.capacity import check_rank_resources
     from rlckpt.errors import ClusterConfigError
 
     try:

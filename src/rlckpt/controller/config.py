@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from rlckpt.checkpoint.save import UploadTiming
 from rlckpt.checkpoint.stopping import DEFAULT_GRACE_S, UNMEASURED_SAVE_S
-from rlckpt.controller.capacity import check_rank_resources
+from rlckpt.controller.ranks.capacity import check_rank_resources
 from rlckpt.controller.stopping import ABORT_WAIT_S
 from rlckpt.dataplane.tq_client import DEFAULT_TQ_CONFIG
 from rlckpt.grpo import GRPOConfig

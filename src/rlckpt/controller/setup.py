@@ -23,16 +23,16 @@ from rlckpt.checkpoint.row_copy import start_ray_row_copier
 from rlckpt.checkpoint.save import SaveHook
 from rlckpt.controller.actor import SingleControllerActor
 from rlckpt.controller.args import ControllerArgs, RestoredIndex
-from rlckpt.controller.capacity import check_cluster
 from rlckpt.controller.config import TrainConfig
 from rlckpt.controller.connect import connect_only_data_plane, replay_buffer_spec
 from rlckpt.controller.handles import GeneratorHandle
 from rlckpt.controller.loop import GenerateHook, RunSummary
 from rlckpt.controller.loop_state import LOADER_STATE_FORMATS, LoopState
+from rlckpt.controller.ranks.capacity import check_cluster
+from rlckpt.controller.ranks.trainer_rank import SavePlannerFactory
+from rlckpt.controller.ranks.trainer_side import TrainerSide
 from rlckpt.controller.replication import start_ray_replicator
 from rlckpt.controller.stopping import ABORT_WAIT_S, DRIVER_WAIT_S, StopOutcome, StopRequest
-from rlckpt.controller.trainer_rank import SavePlannerFactory
-from rlckpt.controller.trainer_side import TrainerSide
 from rlckpt.errors import CheckpointError, FinalSaveAbortedError
 from rlckpt.grpo import DigitSumTask, PromptLoader, make_generation_actor
 from rlckpt.store import BundleStore

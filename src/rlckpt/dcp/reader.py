@@ -4,7 +4,7 @@ It is DCP's own FileSystemReader (same slicing, transforms, `torch.load(weights_
 so resharding is DCP's) with its filesystem replaced by the bundle: every byte torch sees was checked
 against the manifest first. `.metadata` is read digest-checked once, when the reader is made, and only
 then unpickled; each shard file a rank needs is fetched once, digest-checked, and sliced by the
-offset/length DCP recorded. Files are fetched a few ahead of the read loop (see _Prefetch), into reused
+offset/length DCP recorded. Files are fetched a few ahead of the read loop (see _prefetch.py), into reused
 buffers, hashed as they arrive; on local disk a file holding large tensors is read front to back instead, its
 tensors straight into the tensors they load into (_direct.py), so no buffer of a tensor's size is held.
 
@@ -19,13 +19,8 @@ import contextlib
 import functools
 import io
 import os
-import shutil
-import tempfile
-import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any, cast
 
 import torch
@@ -34,9 +29,10 @@ from torch.distributed.checkpoint.filesystem import FileSystemBase, FileSystemRe
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 
-from rlckpt.errors import CorruptBundleError, RlckptError, ShardedCheckpointError, UncommittedBundleError
-from rlckpt.store import READ_BUFFERS, Bundle, BundleStore, FileEntry, VerifyKey, join_relpath, validate_relpath
+from rlckpt.errors import RlckptError, ShardedCheckpointError, UncommittedBundleError
+from rlckpt.store import Bundle, BundleStore, VerifyKey, join_relpath, validate_relpath
 
+from . import _prefetch
 from ._direct import (
     DIRECT_MIN,
     FileItem,
@@ -49,21 +45,11 @@ from ._direct import (
     locate_head,
     read_items,
 )
-from ._format import DEFAULT_PREFIX, METADATA_NAME, ViewStream, load_tensor_view
+from ._format import DEFAULT_PREFIX, METADATA_NAME, load_tensor_view
 from ._plan import BundleRef
+from ._prefetch import BufferStream, InOrderJob, Prefetch, ReadInOrder
 from ._safe_unpickle import VettedBytesPlanner, load_metadata
 from ._slices import check_slices, unloadable_item
-
-# A shard file up to this size, or holding a single item, is read into memory (a reused buffer, hashed as it
-# lands, no disk copy); a larger one is copied to the spool dir and checked there. rlckpt's writer keeps its
-# files far below it (DEFAULT_MAX_SHARD_BYTES) unless one item is larger; files of another writer may be of
-# any size.
-IN_MEMORY_MAX = 64 << 20
-
-# Checked files a rank's load holds in memory at once, fetched ahead of the one being loaded: a few of
-# rlckpt's shard files (at most 16 MiB each), enough to keep the next file's fetch and digest beside loading
-# the current one. A single file larger than this is held alone.
-READ_AHEAD_BYTES = 48 << 20
 
 # Shard files a rank fetches at once, by default. On local disk 3 keep the next files' reads and digests beside
 # loading the current one. An object store serves each file as one streamed GET, whose rate a relay or a
@@ -74,233 +60,13 @@ FETCH_WORKERS_LOCAL = 3
 FETCH_WORKERS_OBJECT_STORE = 8
 
 
-class _BufferStream(ViewStream):
-    """A read-only, seekable stream over checked bytes in a pooled buffer (torch reads it with readinto:
-    one copy, into the tensor's storage). Closing it gives the buffer back to the pool."""
-
-    def __init__(self, view: memoryview, release: Callable[[], None]) -> None:
-        super().__init__(view)
-        self._release = release
-
-    @property
-    def view(self) -> memoryview:
-        """The checked bytes themselves (valid until the stream is closed)."""
-        return self._view
-
-    def close(self) -> None:
-        if not self.closed:
-            self._view.release()
-            self._release()
-        super().close()
-
-
-class _Prefetch:
-    """The shard files one rank's load plan needs, in the order the read loop will want them, fetched ahead by
-    `workers` threads while what they hold stays within `budget` bytes (READ_AHEAD_BYTES): a file is started
-    only if it fits beside the files fetched and not yet closed by the loop (the one being loaded included),
-    or when none is held (so a file larger than the budget is read alone). Memory is bounded by the budget, or
-    by one such file, whatever the number and size of the files.
-
-    Every fetch is digest-checked before its bytes are handed out. An uncompressed file up to IN_MEMORY_MAX,
-    or one that holds a single item (what DCP's own load allocates for that item anyway), is read into a
-    buffer of the process's READ_BUFFERS pool (reused from load to load, so its pages are faulted in once) and
-    hashed as it lands; a compressed one by `Bundle.read_bytes`; a larger one by `Bundle.get_file` into a
-    private spool dir. A file given a job in `in_order` is fetched by that job instead, once (its result comes
-    back as a `_ReadInOrder`, holding what the job said it would cost); a second fetch of it is the common one.
-    Fetching and hashing the next files (on other cores) overlaps loading the current one."""
-
-    def __init__(
-        self,
-        bundle: Bundle,
-        relpaths: list[str],
-        workers: int,
-        spool_dir: str | None,
-        single_item: frozenset[str] = frozenset(),
-        budget: int | None = None,
-        in_order: dict[str, _InOrderJob] | None = None,
-    ) -> None:
-        self.bundle = bundle
-        self.spool_dir = spool_dir
-        self._jobs = dict(in_order or {})
-        self.budget = READ_AHEAD_BYTES if budget is None else budget
-        self._single_item = single_item
-        self._dir: str | None = None
-        self._pool = ThreadPoolExecutor(
-            max_workers=max(1, min(workers, len(relpaths) or 1)), thread_name_prefix="rlckpt-dcp-fetch"
-        )
-        self._order = list(relpaths)
-        self._next = 0
-        self._futures: dict[str, Future[io.IOBase]] = {}
-        self._held = 0  # bytes of the files fetched (or being fetched) into memory and not closed yet
-        self.peak_held = 0  # the most ever held at once (tests read the bound off it)
-        self._lock = threading.Lock()
-        self._closed = False
-        self._ahead()
-
-    def _entry(self, relpath: str) -> FileEntry:
-        try:
-            return self.bundle.manifest.files[relpath]
-        except KeyError:
-            raise CorruptBundleError(
-                f"step {self.bundle.step} at {self.bundle.url}: its DCP metadata names {relpath}, "
-                "which the bundle does not hold"
-            ) from None
-
-    def _in_memory(self, entry: FileEntry, relpath: str) -> bool:
-        return entry.compression is None and (entry.size <= IN_MEMORY_MAX or relpath in self._single_item)
-
-    def _cost(self, relpath: str) -> int:
-        """The memory a fetch of `relpath` holds until its stream is closed (a spooled file holds disk)."""
-        if relpath in self._jobs:
-            return self._jobs[relpath].cost
-        entry = self.bundle.manifest.files.get(relpath)
-        if entry is None:
-            return 0
-        if self._in_memory(entry, relpath):
-            return entry.size
-        return entry.logical_size if entry.logical_size <= IN_MEMORY_MAX else 0
-
-    def _ahead(self) -> None:
-        with self._lock:
-            while self._next < len(self._order) and not self._closed:
-                rel = self._order[self._next]
-                cost = self._cost(rel)
-                if self._held and self._held + cost > self.budget:
-                    return  # wait until the loop closes a file
-                self._next += 1
-                if rel not in self._futures:
-                    self._start(rel, cost)
-
-    def _start(self, relpath: str, cost: int) -> None:
-        """Begin fetching `relpath`, counting `cost` as held until its stream closes (the caller holds the lock)."""
-        self._held += cost
-        self.peak_held = max(self.peak_held, self._held)
-        self._futures[relpath] = self._pool.submit(self._fetch, relpath, cost)
-
-    def _released(self, cost: int) -> None:
-        with self._lock:
-            self._held -= cost
-        self._ahead()
-
-    def _fetch(self, relpath: str, cost: int) -> io.IOBase:
-        try:
-            return self._fetch_checked(relpath, functools.partial(self._released, cost))
-        except BaseException:
-            self._released(cost)
-            raise
-
-    def _fetch_checked(self, relpath: str, on_close: Callable[[], None]) -> io.IOBase:
-        with self._lock:
-            job = self._jobs.pop(relpath, None)
-        if job is not None:
-            return _ReadInOrder(job.run(), on_close)
-        entry = self._entry(relpath)
-        if self._in_memory(entry, relpath):
-            buffer = READ_BUFFERS.take(entry.size + 1)
-            try:
-                view = self.bundle.read_into(relpath, buffer)
-            except BaseException:
-                READ_BUFFERS.give(buffer)
-                raise
-            return _BufferStream(view, _both(functools.partial(READ_BUFFERS.give, buffer), on_close))
-        if entry.logical_size <= IN_MEMORY_MAX:
-            return _ClosingBytes(self.bundle.read_bytes(relpath), on_close)
-        with self._lock:
-            if self._dir is None:
-                self._dir = tempfile.mkdtemp(prefix="rlckpt-dcp-load-", dir=self.spool_dir)
-        local = os.path.join(self._dir, *relpath.split("/"))  # relpath is a manifest entry: a safe relative path
-        self.bundle.get_file(relpath, local)
-        stream = open(local, "rb")  # noqa: SIM115 - handed to the read loop, closed there
-        os.remove(local)  # the open stream keeps the checked copy until it is closed
-        on_close()  # on disk: it holds no memory
-        return stream
-
-    def take(self, relpath: str) -> io.IOBase:
-        """The checked contents of `relpath` as a readable, seekable stream (waits for its fetch). Close it
-        as soon as it is read: the files after it are fetched as closed ones make room."""
-        with self._lock:
-            future = self._futures.get(relpath)
-            if future is None:  # not in the plan's order (the loop asked for another file): fetch it now
-                self._start(relpath, self._cost(relpath))
-                future = self._futures[relpath]
-        try:
-            return future.result()
-        finally:
-            with self._lock:
-                self._futures.pop(relpath, None)
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            pending = list(self._futures.values())
-            self._futures.clear()
-        for future in pending:
-            future.cancel()
-        self._pool.shutdown(wait=True)
-        for future in pending:  # fetched but never read: close what was opened
-            if future.done() and not future.cancelled() and future.exception() is None:
-                future.result().close()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-
-
-@dataclass(frozen=True)
-class _InOrderJob:
-    """How the prefetch reads one file in order (_direct.py): `run()` gives its items read and checked, or None
-    when the file is to be read the common way; `cost` is the memory they hold until the loop is done with them."""
-
-    run: Callable[[], list[tuple[int, FileItem]] | None]
-    cost: int
-
-
-class _ReadInOrder(io.IOBase):
-    """What an in-order job gave (`items`: request index and item, in file order; None: read the file the common
-    way), handed to the read loop as the prefetch hands every file; `on_close` runs once it is closed."""
-
-    def __init__(self, items: list[tuple[int, FileItem]] | None, on_close: Callable[[], None]) -> None:
-        super().__init__()
-        self.items = items
-        self._on_close: Callable[[], None] | None = on_close
-
-    def close(self) -> None:
-        on_close, self._on_close = self._on_close, None
-        self.items = None
-        super().close()
-        if on_close is not None:
-            on_close()
-
-
-def _both(first: Callable[[], object], second: Callable[[], object]) -> Callable[[], None]:
-    def run() -> None:
-        try:
-            first()
-        finally:
-            second()
-
-    return run
-
-
-class _ClosingBytes(io.BytesIO):
-    """Checked, inflated bytes in memory; `on_close` runs once when the read loop closes them."""
-
-    def __init__(self, data: bytes, on_close: Callable[[], None]) -> None:
-        super().__init__(data)
-        self._on_close: Callable[[], None] | None = on_close
-
-    def close(self) -> None:
-        on_close, self._on_close = self._on_close, None
-        super().close()
-        if on_close is not None:
-            on_close()
-
-
 class _BundleFiles(FileSystemBase):
     """The read side of DCP's FileSystemBase over one committed bundle; paths are bundle relpaths, and
-    every stream it opens is a digest-checked local copy (from the load's _Prefetch)."""
+    every stream it opens is a digest-checked local copy (from the load's Prefetch)."""
 
     def __init__(self, bundle: Bundle) -> None:
         self.bundle = bundle
-        self.prefetch: _Prefetch | None = None
+        self.prefetch: Prefetch | None = None
         # The item DCP's read loop is on in the open file (set as the reader slices it, cleared when the
         # next file opens): what a failure inside torch is blamed on, and nothing else.
         self.item: tuple[str, MetadataIndex, Any] | None = None
@@ -527,7 +293,7 @@ class BundleStorageReader(FileSystemReader):
         workers = self.fetch_workers
         if workers is None:
             workers = FETCH_WORKERS_LOCAL if self.bundle.backend.local else FETCH_WORKERS_OBJECT_STORE
-        prefetch = _Prefetch(
+        prefetch = Prefetch(
             self.bundle, list(per_file), workers, self.spool_dir, self._single_items(per_file), None, jobs
         )
         self._files.prefetch = prefetch
@@ -537,7 +303,7 @@ class BundleStorageReader(FileSystemReader):
                 given = targets.get(relpath, {})
                 if relpath in jobs:
                     with prefetch.take(relpath) as read:
-                        items = cast(_ReadInOrder, read).items
+                        items = cast(ReadInOrder, read).items
                         if items is not None:
                             self._load_read_in_order(relpath, requests, items, given, vetted)
                             continue
@@ -618,7 +384,7 @@ class BundleStorageReader(FileSystemReader):
 
     def _in_order_job(
         self, relpath: str, requests: list[ReadItem], targets: dict[int, torch.Tensor], planner: LoadPlanner
-    ) -> _InOrderJob:
+    ) -> InOrderJob:
         """The prefetch's job for a file read in order: the planner is asked here, in the loop's thread, for the
         tensors of the items that can be placed (`targets`, by request index: asked once, whichever way the file is
         then read); the job, in a fetch thread, places them (`_read_in_order`). Its cost: the bytes of the items
@@ -628,7 +394,7 @@ class BundleStorageReader(FileSystemReader):
                 targets[n] = planner.resolve_tensor(request).detach()
         places = {n: place for n, target in targets.items() if (place := host_bytes(target)) is not None}
         cost = sum(self.storage_data[r.storage_index].length for n, r in enumerate(requests) if n not in places)
-        return _InOrderJob(functools.partial(self._read_in_order, relpath, requests, places), cost)
+        return InOrderJob(functools.partial(self._read_in_order, relpath, requests, places), cost)
 
     def _read_in_order(
         self, relpath: str, requests: list[ReadItem], places: dict[int, memoryview]
@@ -651,7 +417,7 @@ class BundleStorageReader(FileSystemReader):
                     if item.layout is None:
                         item.place = None
                 items.append((n, item))
-            if sum(item.length for _n, item in items if item.place is None) > READ_AHEAD_BYTES:
+            if sum(item.length for _n, item in items if item.place is None) > _prefetch.READ_AHEAD_BYTES:
                 return None
             try:
                 read_items(
@@ -659,7 +425,7 @@ class BundleStorageReader(FileSystemReader):
                     entry.size,
                     [item for _n, item in items],
                     None if peek_ends else locate_head,
-                    READ_AHEAD_BYTES,
+                    _prefetch.READ_AHEAD_BYTES,
                 )
             except InMemoryOverBudget:
                 return None  # items that were to be placed were not: the file is read the common way instead
@@ -695,7 +461,7 @@ class BundleStorageReader(FileSystemReader):
         (no transform), else through DCP's transforms and torch.load, as DCP loads it."""
         file_slice = self._slice_file(stream, info)  # remembers the item being loaded
         if not info.transform_descriptors and info.length > 0:
-            if isinstance(stream, _BufferStream):
+            if isinstance(stream, BufferStream):
                 return load_tensor_view(stream.view[info.offset : info.offset + info.length])
             view = stream.span(info.offset, info.length) if isinstance(stream, Pieces) else None
             if view is not None:

@@ -7,7 +7,7 @@ factor is 1, so the summed gradients are those of the whole batch's mean: the up
 depend on the world size except through the order of float additions (docs/sharded-policy.md,
 "Exact resume").
 
-Imports torch only; the process group is formed by the caller (``controller.trainer_rank``).
+Imports torch only; the process group is formed by the caller (``controller.ranks.trainer_rank``).
 """
 
 from __future__ import annotations

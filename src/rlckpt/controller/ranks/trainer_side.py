@@ -13,8 +13,8 @@ import logging
 from typing import Any
 
 from rlckpt.checkpoint.restore import PolicyLocation
-from rlckpt.controller.trainer_group import TrainerGroup, TrainerGroupHandle
-from rlckpt.controller.trainer_rank import SavePlannerFactory
+from rlckpt.controller.ranks.trainer_group import TrainerGroup, TrainerGroupHandle
+from rlckpt.controller.ranks.trainer_rank import SavePlannerFactory
 from rlckpt.dataplane.tq_client import TransferQueueClient
 from rlckpt.grpo import GRPOConfig
 

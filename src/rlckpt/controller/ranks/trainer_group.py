@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from rlckpt.checkpoint.restore import PolicyLocation
-from rlckpt.controller.capacity import RANK_MEMORY_BYTES
-from rlckpt.controller.trainer_rank import GROUP_TIMEOUT_S, SavePlannerFactory, TrainerRank
+from rlckpt.controller.ranks.capacity import RANK_MEMORY_BYTES
+from rlckpt.controller.ranks.trainer_rank import GROUP_TIMEOUT_S, SavePlannerFactory, TrainerRank
 from rlckpt.errors import TrainerGroupError
 from rlckpt.grpo import GRPOConfig, TrainBatch
 from rlckpt.store import BundleTransaction, Receipt
