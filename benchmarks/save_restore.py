@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlckpt.bench.args import (
     add_destination_arguments,
@@ -18,6 +18,9 @@ from rlckpt.bench.args import (
     open_destinations,
 )
 from rlckpt.cli._common import configure_logging
+
+if TYPE_CHECKING:
+    from benchmarks.lib.save_downtime import DowntimeConfig
 
 SAVE_EPILOG = """\
 what it does:
@@ -125,7 +128,6 @@ def run_save_downtime(args: argparse.Namespace) -> int:
     import asyncio
 
     from benchmarks.lib.save_downtime import (
-        DowntimeConfig,
         DowntimeResult,
         downtime_table,
         result_document,
@@ -138,13 +140,7 @@ def run_save_downtime(args: argparse.Namespace) -> int:
     from rlckpt.dataplane.tq_session import connect_client, reset_tq_state
 
     check_destinations(args)
-    config = DowntimeConfig(
-        size_mib=2.0 if args.quick else args.size,
-        policy_mib=2.0 if args.quick else args.policy_mib,
-        repeats=1 if args.quick else args.repeats,
-        staging_root=args.staging_dir,
-        compress=False if args.no_compress else None,
-    )
+    config = _downtime_config(args)
     meta = run_metadata(command_line())
 
     def show(r: DowntimeResult) -> None:
@@ -179,8 +175,20 @@ def run_save_downtime(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_save_two_tier(args: argparse.Namespace) -> int:
+def _downtime_config(args: argparse.Namespace) -> DowntimeConfig:
+    """The save-downtime settings the --async and --two-tier benchmarks share (--quick: one small save)."""
     from benchmarks.lib.save_downtime import DowntimeConfig
+
+    return DowntimeConfig(
+        size_mib=2.0 if args.quick else args.size,
+        policy_mib=2.0 if args.quick else args.policy_mib,
+        repeats=1 if args.quick else args.repeats,
+        staging_root=args.staging_dir,
+        compress=False if args.no_compress else None,
+    )
+
+
+def run_save_two_tier(args: argparse.Namespace) -> int:
     from benchmarks.lib.two_tiers import run_two_tiers, two_tier_document, two_tier_table
     from rlckpt.bench.harness import private_transfer_queue, run_metadata
     from rlckpt.bench.report import write_json
@@ -191,13 +199,7 @@ def run_save_two_tier(args: argparse.Namespace) -> int:
     check_destinations(args)
     if set(args.destinations) != {"local", "s3"} and args.rgw_endpoint is None:
         raise SystemExit("benchmarks.save_restore --two-tier: needs --destinations local,s3 (the two tiers)")
-    config = DowntimeConfig(
-        size_mib=2.0 if args.quick else args.size,
-        policy_mib=2.0 if args.quick else args.policy_mib,
-        repeats=1 if args.quick else args.repeats,
-        staging_root=args.staging_dir,
-        compress=False if args.no_compress else None,
-    )
+    config = _downtime_config(args)
     meta = run_metadata(command_line())
     print("benchmarks.save_restore --two-tier: starting Ray + TransferQueue ...", file=sys.stderr)
     with private_transfer_queue(), open_destinations(args) as dests:

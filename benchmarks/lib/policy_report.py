@@ -50,9 +50,11 @@ def _run_column(points: Sequence[PointResult]) -> tuple[str, str]:
     return (" run |", "---|") if any(p.run for p in points) else ("", "")
 
 
-def _run_cell(p: PointResult, points: Sequence[PointResult]) -> str:
-    """The point's `run` cell, or nothing when no point of the table carries a run."""
-    return f" {p.run or '-'} |" if any(q.run for q in points) else ""
+def _row_end(p: PointResult, points: Sequence[PointResult]) -> str:
+    """The last cells of a point's row: verified, repeats, and its `run` when a point of the table has one."""
+    verified = "yes" if all(m.verified for m in p.measurements) else "**NO**"
+    run = f" {p.run or '-'} |" if any(q.run for q in points) else ""
+    return f"| {verified} | {len(p.times(RLCKPT, 'save'))} |{run}"
 
 
 def s3_table(points: Sequence[PointResult]) -> str:
@@ -75,9 +77,7 @@ def s3_table(points: Sequence[PointResult]) -> str:
             f"| {' / '.join(_seconds(p, s, 'load') for s in systems)} "
             f"| {_ratio(p, 'load', S3TC)} | {_ratio(p, 'load', FSSPEC)} "
             f"| {' / '.join(_mib(p, s, 'save') for s in systems)} "
-            f"| {' / '.join(_mib(p, s, 'load') for s in systems)} "
-            f"| {'yes' if all(m.verified for m in p.measurements) else '**NO**'} | {len(p.times(RLCKPT, 'save'))} |"
-            + _run_cell(p, s3)
+            f"| {' / '.join(_mib(p, s, 'load') for s in systems)} " + _row_end(p, s3)
         )
     return header + "\n".join(lines) + "\n" if lines else ""
 
@@ -100,9 +100,7 @@ def local_table(points: Sequence[PointResult]) -> str:
             f"| {_seconds(p, RLCKPT, 'load')} / {_seconds(p, DCP, 'load')} / {floor} "
             f"| {_ratio(p, 'load', 'floor')} | {_ratio(p, 'load', DCP)} "
             f"| {_mib(p, RLCKPT, 'save')} / {_mib(p, DCP, 'save')} "
-            f"| {_mib(p, RLCKPT, 'load')} / {_mib(p, DCP, 'load')} "
-            f"| {'yes' if all(m.verified for m in p.measurements) else '**NO**'} | {len(p.times(RLCKPT, 'save'))} |"
-            + _run_cell(p, local)
+            f"| {_mib(p, RLCKPT, 'load')} / {_mib(p, DCP, 'load')} " + _row_end(p, local)
         )
     return header + "\n".join(lines) + "\n" if lines else ""
 
