@@ -527,3 +527,22 @@ def test_a_checkpointer_pinned_to_its_run_restores_its_own_bundle_past_another_r
 def test_settings_come_as_a_config_or_as_keywords_not_both(tmp_path):
     with pytest.raises(TypeError, match="not both"):
         Checkpointer(CheckpointerConfig(str(tmp_path)), async_save=False)
+
+
+def test_a_compressed_save_stores_the_state_in_planes_and_restores_every_bit(run):
+    trainer = Trainer()
+    trainer.step(1)
+    with _checkpointer(run, async_save=False, compression="on") as ckpt:
+        ckpt.save(2, trainer.state())
+    shards = {e.compression for rel, e in _store(run).open(2).manifest.files.items() if rel.endswith(".distcp")}
+    assert "zstd-planes4" in shards  # fp32 weights and moments
+    fresh = Trainer(seed=99)
+    with _checkpointer(run) as ckpt:
+        restored = ckpt.restore(fresh.state())
+    assert restored is not None and restored.step == 2
+    assert bitwise_equal(fresh.tensors(), trainer.tensors()) == []
+
+
+def test_an_unknown_compression_is_refused_when_the_checkpointer_is_made(tmp_path):
+    with pytest.raises(ValueError, match="compression must be one of off, auto, on"):
+        Checkpointer(str(tmp_path), compression="zstd")

@@ -138,6 +138,18 @@ def test_async_save_commits_a_bundle_that_loads_back_bitwise(ranks):
     )
 
 
+def test_a_compressed_two_rank_bundle_loads_back_and_reshards_to_one_rank_bitwise(ranks):
+    for rec in ranks.records:
+        assert rec["compressed_save_8"]["raised"] is None, rec["compressed_save_8"].get("traceback")
+        assert rec["load_8"]["raised"] is None, rec["load_8"].get("traceback")
+        assert rec["load_8_differs_from_B"] == []
+    files = ranks.store.open(8).manifest.files
+    bulk = {e.compression for rel, e in files.items() if rel.endswith(".distcp") and e.logical_size > SMALL_ITEM_BYTES}
+    assert bulk == {"zstd-planes4"}
+    loaded = _load_one_rank(BundleStorageReader(ranks.url, step=8, storage_options=ranks.options))
+    assert bitwise_equal(loaded, _full(ranks, "full_B.pt")) == []
+
+
 def test_a_ranks_shards_are_packed_by_their_own_bytes_not_by_the_whole_tensors(ranks):
     """At 2 ranks a weight's chunk is half the weight. Under a cap that holds two chunks but not two whole
     weights, every file of a rank's large items holds two of them (each went alone into a file when an item
@@ -221,4 +233,4 @@ def test_a_rank_that_dies_fails_the_save_on_the_others_and_commits_nothing(ranks
 
 def test_no_debris_is_left_by_any_scenario(ranks):
     assert debris(ranks.store) == []
-    assert ranks.store.steps() == [1, 3, 4, 7]
+    assert ranks.store.steps() == [1, 3, 4, 7, 8]

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import rlckpt
 from rlckpt.errors import CorruptBundleError, NewerFormatError
-from rlckpt.store import COMMIT_FORMAT, BundleStore, Digest, FileEntry, Manifest
+from rlckpt.store import COMMIT_FORMAT, MANIFEST_FORMAT, BundleStore, Digest, FileEntry, Manifest
 from rlckpt.store.records.manifest import canonical_json
 from support.store_checks import (
     corrupt_file,
@@ -270,13 +270,14 @@ def test_a_commit_naming_an_unknown_algorithm_is_refused_in_one_line(store):
 
 
 def test_a_manifest_of_a_newer_format_is_refused_in_one_line_naming_the_format_and_its_writer(store):
-    manifest = {**raw_json(store, 2, "manifest.json"), "format": 3, "writer_version": "0.3.1", "shards": {}}
+    newer = MANIFEST_FORMAT + 1
+    manifest = {**raw_json(store, 2, "manifest.json"), "format": newer, "writer_version": "0.3.1", "shards": {}}
     rewrite_manifest(store, 2, canonical_json(manifest))
     with pytest.raises(NewerFormatError) as exc:
         store.open(2)
     message = str(exc.value)
-    assert "manifest.json: manifest format 3 was written by a newer rlckpt 0.3; " in message
-    assert f"this rlckpt {rlckpt.__version__} reads manifest formats 1-2" in message
+    assert f"manifest.json: manifest format {newer} was written by a newer rlckpt 0.3; " in message
+    assert f"this rlckpt {rlckpt.__version__} reads manifest formats 1-{MANIFEST_FORMAT}" in message
     assert "\n" not in message and not isinstance(exc.value, CorruptBundleError)
 
 

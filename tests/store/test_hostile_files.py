@@ -173,9 +173,10 @@ def readers(store, tmp_path):
     return {"read_bytes": read_bytes, "open": open_stream, "get_file": get_file, "verify": verify}
 
 
+@pytest.mark.parametrize("kind", ["zstd", "zstd-planes4"])
 @pytest.mark.parametrize("reader", ["read_bytes", "open", "get_file", "verify"])
-def test_decompression_bomb_is_refused_by_every_reader_within_bounds(store, tmp_path, reader):
-    forge_file(store, 2, "bomb.bin", BOMB, logical_size=10, compression="zstd")
+def test_decompression_bomb_is_refused_by_every_reader_within_bounds(store, tmp_path, reader, kind):
+    forge_file(store, 2, "bomb.bin", BOMB, logical_size=10, compression=kind)
     read = readers(store, tmp_path)[reader]
     outcome, peak = peak_allocation(lambda: read("bomb.bin"))
     assert isinstance(outcome, CorruptBundleError), outcome
@@ -201,9 +202,10 @@ def test_malformed_zstd_entry_is_corrupt_in_every_reader(store, tmp_path, reader
         readers(store, tmp_path)[reader]("odd.bin")
 
 
+@pytest.mark.parametrize("kind", ["zstd", "zstd-planes2"])
 @pytest.mark.parametrize("reader", ["read_bytes", "open", "get_file", "verify"])
-def test_zstd_entry_shorter_than_its_logical_size_is_corrupt_in_every_reader(store, tmp_path, reader):
-    forge_file(store, 2, "short.bin", zstandard.compress(b"x" * 99), logical_size=100, compression="zstd")
+def test_zstd_entry_shorter_than_its_logical_size_is_corrupt_in_every_reader(store, tmp_path, reader, kind):
+    forge_file(store, 2, "short.bin", zstandard.compress(b"x" * 99), logical_size=100, compression=kind)
     with pytest.raises(CorruptBundleError, match="short.bin.*99 bytes"):
         readers(store, tmp_path)[reader]("short.bin")
 

@@ -11,7 +11,8 @@ In order, on every rank (an FSDP2 MLP + AdamW, gloo on 127.0.0.1):
  5. joined: B into the caller's transaction `joined` (step 4); each rank records its receipt
  6. joined, failing: rank 1 fails inside its second shard file (thread_count=2) in transaction
     `joined_failing` (step 5); each rank records its receipt (or None)
- 7. standalone save of step 6 during which rank 1 dies (`os._exit`); rank 0 records what it raised
+ 7. B as step 7 with a small shard-file cap; B as step 8 compressed (byte planes + zstd), loaded back
+ 8. standalone save of step 6 during which rank 1 dies (`os._exit`); rank 0 records what it raised
 """
 
 from __future__ import annotations
@@ -249,6 +250,17 @@ def run(rank: int, world_size: int, port: int, spec: ScenarioSpec) -> None:
                 ),
             )
         )
+
+        rec["compressed_save_8"] = _outcome(
+            lambda: dcp.save(
+                state, storage_writer=BundleStorageWriter(spec.url, step=8, storage_options=options, compression="on")
+            )
+        )
+        loaded8 = _fresh(mesh, seed=70)
+        rec["load_8"] = _outcome(
+            lambda: dcp.load(loaded8, storage_reader=BundleStorageReader(spec.url, step=8, storage_options=options))
+        )
+        rec["load_8_differs_from_B"] = bitwise_equal(flat_tensors(loaded8), b_local)
 
         # 8. rank 1 dies inside a standalone save of step 6 (rank 1 never returns from here)
         def dying_save() -> None:

@@ -182,9 +182,12 @@ def forge_file(
     import json
 
     from rlckpt.store import Digest
-    from rlckpt.store.records.manifest import canonical_json
+    from rlckpt.store.io.compression import PLANES
+    from rlckpt.store.records.manifest import MANIFEST_FORMAT, canonical_json
 
     obj = json.loads(store.fs.cat_file(raw_path(store, f"step_{step}", "manifest.json")))
+    if compression in PLANES:
+        obj["format"] = MANIFEST_FORMAT  # the format that names byte planes
     digest = Digest.of(stored)
     obj["files"][rel] = {
         "algorithm": digest.algorithm,

@@ -54,6 +54,7 @@ class StagedShards:
         process_group: Any = None,
         planner: PlannerFactory | None = None,
         thread_count: int = 1,
+        compression: str | None = None,
     ) -> Receipt:
         """Write the staged copy into the transaction of `handle` as `participant`, under `prefix`; a collective
         of `process_group` (None: the default group, or this process alone). The host copy is released
@@ -66,6 +67,7 @@ class StagedShards:
             process_group: the group DCP's collectives run on (one apart from training's).
             planner: makes this write's DCP save planner (None: DCP's default).
             thread_count: shard files this rank writes at once.
+            compression: BundleStorageWriter's: "off" (None), "auto" (on object stores) or "on".
         Returns:
             This rank's receipt (the coordinator's includes ``<prefix>/.metadata``).
         Raises:
@@ -74,7 +76,9 @@ class StagedShards:
         """
         state, self.state = self.state, None
         try:  # the same arguments on every rank: what this refuses, every rank refuses
-            writer = BundleStorageWriter(handle, participant=participant, prefix=prefix, thread_count=thread_count)
+            writer = BundleStorageWriter(
+                handle, participant=participant, prefix=prefix, thread_count=thread_count, compression=compression
+            )
         except Exception as exc:
             failures = f"{type(exc).__name__}: {exc}"
             raise ShardWriteError(f"{participant}: step {handle.step}: {failures}", failures=failures) from exc

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from rlckpt.checkpoint.stopping import UNMEASURED_SAVE_S
+from rlckpt.dcp import POLICY_COMPRESSIONS
 from rlckpt.store import (
     BundleStore,
     Retention,
@@ -52,6 +53,8 @@ class CheckpointerConfig:
         is only logged ("log").
     group_timeout_s: how long a collective of the Checkpointer's groups waits for a peer.
     dcp_thread_count: shard files each rank writes at once (BundleStorageWriter's `thread_count`).
+    compression: the state's shard files in byte planes + zstd where that pays (lossless; BundleStorageWriter's
+        `compression`): "off" (None, the default), "auto" (on object stores only) or "on".
     save_planner, load_planner: make DCP's planner of each save / restore (default: DCP's own).
     unmeasured_save_s: what a deadline (SaveAndStop) assumes a save takes until one was measured.
     """
@@ -67,6 +70,7 @@ class CheckpointerConfig:
     save_failure: SaveFailure = "raise"
     group_timeout_s: float = DEFAULT_GROUP_TIMEOUT_S
     dcp_thread_count: int = 1
+    compression: str | None = None
     save_planner: Callable[[], SavePlanner] | None = None
     load_planner: Callable[[], LoadPlanner] | None = None
     unmeasured_save_s: float = UNMEASURED_SAVE_S
@@ -94,6 +98,10 @@ class CheckpointerConfig:
             raise ValueError(f"group_timeout_s must be a number of seconds > 0, got {self.group_timeout_s!r}")
         if self.dcp_thread_count < 1:
             raise ValueError(f"dcp_thread_count must be >= 1, got {self.dcp_thread_count}")
+        if self.compression not in (None, *POLICY_COMPRESSIONS):
+            raise ValueError(
+                f"compression must be one of {', '.join(POLICY_COMPRESSIONS)} (or None), got {self.compression!r}"
+            )
         if self.retention.holds:
             raise ValueError("retention holds are the Checkpointer's own (a remote tier's); give rules only")
 

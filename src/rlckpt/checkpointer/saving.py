@@ -198,6 +198,7 @@ class Saver:
                 process_group=self.ranks.save_group,
                 planner=self.config.save_planner,
                 thread_count=self.config.dcp_thread_count,
+                compression=self.config.compression,
             )
         except ShardWriteError as exc:
             return f"writing the state failed: {exc.failures}"

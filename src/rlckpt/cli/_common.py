@@ -124,6 +124,18 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     add_verbose_argument(parser)
 
 
+def add_compress_policy_argument(parser: argparse.ArgumentParser) -> None:
+    """--compress-policy off|auto|on: how the policy's (the state's) shard files are stored (BundleStorageWriter's
+    `compression`)."""
+    parser.add_argument(
+        "--compress-policy",
+        choices=("off", "auto", "on"),
+        default="off",
+        help="the policy's shard files, losslessly: byte planes + zstd where a file's first MiB shrinks, on "
+        "object stores only (auto), everywhere (on) or never (off, default: DCP's own reader then loads them)",
+    )
+
+
 def add_verify_key_argument(parser: argparse.ArgumentParser) -> None:
     """--verify-key PATH (default: $RLCKPT_VERIFY_KEY): only bundles that key signed for the run are read;
     and --run-id ID (default: $RLCKPT_RUN_ID), which pins that run."""

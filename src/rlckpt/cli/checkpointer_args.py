@@ -26,7 +26,7 @@ from rlckpt.tiers import ReplicationConfig
 def add_checkpointer_arguments(parser: argparse.ArgumentParser) -> None:
     """--storage-options, --keep-last/--keep-every/--keep-best/--metric/--lower-is-better, --replicate-to and its
     --replicate-every/--replicate-storage-options/--replica-keep-*, --signing-key/--verify-key, --sync-saves,
-    --grace-seconds, --save-by-seconds."""
+    --compress-policy, --grace-seconds, --save-by-seconds."""
     group = parser.add_argument_group("checkpoints (rlckpt.Checkpointer)")
     group.add_argument(
         "--storage-options",
@@ -45,6 +45,7 @@ def add_checkpointer_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _common.add_verify_key_argument(group)  # type: ignore[arg-type]  # an argument group takes arguments too
     group.add_argument("--sync-saves", action="store_true", help="wait for every save's commit (default: async)")
+    _common.add_compress_policy_argument(group)  # type: ignore[arg-type]  # an argument group takes arguments too
     group.add_argument(
         "--grace-seconds",
         type=_common.positive_seconds_arg,
@@ -95,6 +96,7 @@ def config_from_args(args: argparse.Namespace, url: str) -> CheckpointerConfig:
         verify_key=verify_key,
         run_id=run_id,
         async_save=not args.sync_saves,
+        compression=args.compress_policy,
     )
 
 

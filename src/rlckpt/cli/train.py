@@ -202,6 +202,7 @@ def add_parser(subparsers: Any) -> None:
         default="auto",
         help="data-plane files: zstd on object stores and plain on local disk (auto, default), or always zstd / never",
     )
+    _common.add_compress_policy_argument(parser)
     train_stop.add_stop_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON line on stdout")
     _common.add_verbose_argument(parser)
@@ -407,6 +408,7 @@ def _train(
             upload_timing=args.upload_timing,
             async_saves=not args.sync_saves,
             compress_data_plane={"auto": None, "zstd": True, "none": False}[args.compress],
+            compress_policy=args.compress_policy,
             trainer_ranks=args.trainer_ranks,
             trainer_resources=args.trainer_resources,
             save_by=args.save_by,

@@ -210,6 +210,7 @@ def setup_single_controller(
         resources=config.trainer_resources,
         timeout_s=config.rank_timeout_s,
         save_planner=save_planner,
+        compression=config.compress_policy,
     )
     if config.fresh:
         phase.start_fresh()

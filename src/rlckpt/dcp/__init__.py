@@ -6,10 +6,12 @@ own format, so a local bundle's `policy/` still loads with plain `FileSystemRead
     dcp.save(state, storage_writer=BundleStorageWriter("s3://bucket/run", step=100))         # standalone
     dcp.load(state, storage_reader=BundleStorageReader("s3://bucket/run", step=None))        # newest
 
-See docs/sharded-policy.md. Imports torch; the store (rlckpt.store) does not.
+With `BundleStorageWriter(..., compression="auto" | "on")` shard files are stored in byte planes + zstd
+where that pays: lossless, but then only rlckpt's reader loads them. See docs/sharded-policy.md. Imports
+torch; the store (rlckpt.store) does not.
 """
 
 from .reader import BundleStorageReader
-from .writer import BundleStorageWriter
+from .writer import POLICY_COMPRESSIONS, BundleStorageWriter
 
-__all__ = ["BundleStorageReader", "BundleStorageWriter"]
+__all__ = ["POLICY_COMPRESSIONS", "BundleStorageReader", "BundleStorageWriter"]

@@ -42,7 +42,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.serialization import _load, _open_zipfile_reader  # private: torch.load's own steps (load_tensor_view)
 from torch.utils.serialization import config as torch_serialization_config
 
-from rlckpt.store import WRITE_BLOCK_SIZE
+from rlckpt.store import WRITE_BLOCK_SIZE, planes_for
 
 METADATA_NAME: str = _metadata_fn  # ".metadata"
 DEFAULT_PREFIX = "policy"  # where a bundle keeps the policy checkpoint (docs/architecture.md)
@@ -52,6 +52,7 @@ __all__ = [
     "DEFAULT_PREFIX",
     "METADATA_NAME",
     "metadata_bytes",
+    "shard_compression",
     "shard_name",
     "load_tensor_view",
     "shard_plan",
@@ -153,6 +154,17 @@ def _chunk_bytes(wi: WriteItem) -> int:
     if wi.type == WriteItemType.BYTE_IO or wi.tensor_data is None:
         return 0
     return math.prod(wi.tensor_data.chunk.sizes) * wi.tensor_data.properties.dtype.itemsize
+
+
+def shard_compression(items: Sequence[WriteItem]) -> str:
+    """How a shard file of `items` is compressed when its rank compresses: byte planes of the element width
+    that holds most of its bytes (2 for bf16, 4 for fp32, ...), plain zstd for a file of bytes items."""
+    weights: dict[int, int] = {}
+    for wi in items:
+        if wi.tensor_data is not None:
+            width = wi.tensor_data.properties.dtype.itemsize
+            weights[width] = weights.get(width, 0) + _chunk_bytes(wi)
+    return planes_for(max(weights, key=lambda w: weights[w]) if weights else 1)
 
 
 def _cost(wi: WriteItem) -> int:

@@ -43,10 +43,38 @@ from rlckpt.store import (
     validate_step,
 )
 
-from ._format import DEFAULT_MAX_SHARD_BYTES, DEFAULT_PREFIX, METADATA_NAME, metadata_bytes, shard_plan, write_shards
+from ._format import (
+    DEFAULT_MAX_SHARD_BYTES,
+    DEFAULT_PREFIX,
+    METADATA_NAME,
+    metadata_bytes,
+    shard_compression,
+    shard_plan,
+    write_shards,
+)
 from ._plan import RankPlan, receipt_result, split_receipts
 
 log = logging.getLogger(__name__)
+
+# How a rank compresses its shard files (docs/sharded-policy.md#compression): "off" (or None), "auto" (on
+# object stores only: there the bytes saved are upload time; on local disk they only cost CPU) or "on".
+# Where it compresses, each file is stored in byte planes + zstd if its first MiB shrank (raw otherwise).
+POLICY_COMPRESSIONS = ("off", "auto", "on")
+
+
+def check_policy_compression(mode: str | None) -> str:
+    """`mode` as one of POLICY_COMPRESSIONS (None is "off"); ShardedCheckpointError otherwise."""
+    mode = "off" if mode is None else mode
+    if mode not in POLICY_COMPRESSIONS:
+        raise ShardedCheckpointError(
+            f"compression must be one of {', '.join(POLICY_COMPRESSIONS)} (or None), got {mode!r}"
+        )
+    return mode
+
+
+def compresses(mode: str, local: bool) -> bool:
+    """Whether a rank writing to a store (`local`: on local disk) compresses under `mode`."""
+    return mode == "on" or (mode == "auto" and not local)
 
 
 # Stores a process keeps for the joined writers of its saves, by run URL and options: a trainer rank makes a new
@@ -101,6 +129,7 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
         max_shard_bytes: int | None = DEFAULT_MAX_SHARD_BYTES,
         per_thread_copy_ahead: int = 10_000_000,
         cache_staged_state_dict: bool = False,
+        compression: str | None = None,
     ) -> None:
         """
         Args:
@@ -117,6 +146,8 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
             max_shard_bytes: a shard file holds about this many bytes of tensors at most (a bigger tensor
                 gets a file of its own); None: DCP's own split (one file per writing thread).
             per_thread_copy_ahead, cache_staged_state_dict: as DCP's FileSystemWriter.
+            compression: "off" (None, the default), "auto" (on object stores) or "on": shard files stored in
+                byte planes + zstd where that pays (lossless; DCP's own FileSystemReader cannot read them).
         Raises:
             ShardedCheckpointError: a missing or contradictory argument.
             InvalidPathError: `prefix` is not a safe relative path.
@@ -130,6 +161,7 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
         self.thread_count = thread_count
         self.max_shard_bytes = max_shard_bytes
         self.per_thread_copy_ahead = per_thread_copy_ahead
+        self.compression = check_policy_compression(compression)
         self.user_metadata = dict(metadata or {})
         self._handle: TransactionHandle | None = None
         self._store: BundleStore | None = None
@@ -316,9 +348,12 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
             )
         try:
             part = self._join_for_write(rank_plan)
+            files = shard_plan(rank_plan.prefix, plan.items, self.thread_count, self.max_shard_bytes)
+            compress = compresses(self.compression, part.backend.local)
+            kinds = {name: shard_compression(items) if compress else None for name, items in files}
             results = write_shards(
-                lambda name: part.open(join_relpath(self.prefix, name)),
-                shard_plan(rank_plan.prefix, plan.items, self.thread_count, self.max_shard_bytes),
+                lambda name: part.open(join_relpath(self.prefix, name), compression=kinds[name], only_if_pays=True),
+                files,
                 planner,
                 self.thread_count,
                 self.per_thread_copy_ahead,

@@ -13,6 +13,7 @@ from rlckpt.store.commit.commit_check import CommitRecords
 from rlckpt.store.commit.participant import ParticipantWriter, Receipt, TransactionHandle, validate_participant
 from rlckpt.store.commit.transaction import BundleTransaction
 from rlckpt.store.io.buffers import READ_BUFFERS, BufferPool
+from rlckpt.store.io.compression import planes_for
 from rlckpt.store.io.digest import Digest
 from rlckpt.store.io.storage_errors import as_store_error, unavailable_as_store_error
 from rlckpt.store.paths.location import open_location
@@ -78,6 +79,7 @@ __all__ = [
     "finite_metrics",
     "join_relpath",
     "open_location",
+    "planes_for",
     "signing_key_of",
     "step_dirname",
     "unavailable_as_store_error",

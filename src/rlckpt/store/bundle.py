@@ -22,7 +22,7 @@ from rlckpt.errors import CorruptBundleError, UnsafeObjectError
 from rlckpt.store.backends import Backend, HeldFile
 from rlckpt.store.commit.commit_check import check_listing
 from rlckpt.store.io.buffers import READ_BUFFERS
-from rlckpt.store.io.compression import ZSTD, DecompressionError, ExactDecompressor, decompress_exact
+from rlckpt.store.io.compression import DecompressionError, ExactDecompressor, decompress_exact
 from rlckpt.store.io.digest import Digest, new_hasher
 from rlckpt.store.io.storage_errors import unavailable_as_store_error
 from rlckpt.store.paths.paths import step_dirname, validate_relpath
@@ -121,10 +121,10 @@ class Bundle:
         an error). A digest error is reported before a decompression error: bytes that differ from the
         manifest say more."""
         entry = self._entry(relpath)
-        if entry.compression != ZSTD:
+        if entry.compression is None:
             self._stream_stored(relpath, sink, progress)
             return
-        decoder = ExactDecompressor(entry.logical_size)
+        decoder = ExactDecompressor(entry.logical_size, entry.compression)
         problems: list[DecompressionError] = []
 
         def inflate(piece: memoryview) -> None:
@@ -138,7 +138,9 @@ class Bundle:
         self._stream_stored(relpath, inflate, progress)
         if problems:
             raise self._corrupt(relpath, str(problems[0]))
-        self._inflate(relpath, decoder.finish)
+        last = self._inflate(relpath, decoder.finish)
+        if last:
+            sink(last)
 
     def _inflate(self, relpath: str, action: Callable[[], Any]) -> Any:
         """Run a decompression step, turning what the decompressor refuses into CorruptBundleError."""
@@ -160,8 +162,9 @@ class Bundle:
         entry = self._entry(relpath)
         data = self._stored(relpath, lambda path: self.backend.read_range(path, 0, entry.size + 1))
         self._check(relpath, entry, Digest.of(data, entry.digest.algorithm), len(data))
-        if entry.compression == ZSTD:
-            return self._inflate(relpath, lambda: decompress_exact(data, entry.logical_size))
+        if entry.compression is not None:
+            kind = entry.compression
+            return self._inflate(relpath, lambda: decompress_exact(data, entry.logical_size, kind))
         return data
 
     def read_into(self, relpath: str, buffer: bytearray | memoryview) -> memoryview:

@@ -170,11 +170,13 @@ class TrainerGroup:
         timeout_s: float = RANK_CALL_TIMEOUT_S,
         save_planner: SavePlannerFactory | None = None,
         form: bool = True,
+        compression: str | None = None,
     ) -> None:
         """Start the ranks (each asking Ray for RANK_MEMORY_BYTES of memory and ``resources``, Ray custom
         resources, e.g. one per node) and, unless ``form`` is False (the caller starts something else while
         the ranks boot, then calls ``form()``), form the group; TrainerGroupError if a rank does not come up
-        or join within ``timeout_s``."""
+        or join within ``timeout_s``. ``compression``: how the ranks store the policy's shard files
+        (BundleStorageWriter's)."""
         import ray
 
         if ranks < 1:
@@ -185,7 +187,9 @@ class TrainerGroup:
         actor_class = remote(concurrency_groups={"save": 1})(TrainerRank).options(
             num_cpus=0, memory=RANK_MEMORY_BYTES, resources=dict(resources or {})
         )
-        self.actors: list[Any] = [actor_class.remote(config, rank, ranks, save_planner) for rank in range(ranks)]
+        self.actors: list[Any] = [
+            actor_class.remote(config, rank, ranks, save_planner, compression) for rank in range(ranks)
+        ]
         self.handle = TrainerGroupHandle(tuple(self.actors), timeout_s)
         if form:
             self.form()

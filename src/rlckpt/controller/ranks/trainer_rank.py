@@ -57,12 +57,18 @@ class TrainerRank:
     """One trainer rank: the Trainer (sharded once the group is joined) and its save in flight."""
 
     def __init__(
-        self, config: GRPOConfig, rank: int, world_size: int, save_planner: SavePlannerFactory | None = None
+        self,
+        config: GRPOConfig,
+        rank: int,
+        world_size: int,
+        save_planner: SavePlannerFactory | None = None,
+        compression: str | None = None,
     ) -> None:
         self.config = config
         self.rank = rank
         self.world_size = world_size
         self.save_planner = save_planner
+        self.compression = compression  # BundleStorageWriter's: how the policy's shard files are stored
         self._trainer: Trainer | None = None
         self._checkpoint_group: Any = None  # a second gloo group: DCP's collectives only
         self._save: _RankSave | None = None
@@ -164,6 +170,7 @@ class TrainerRank:
                 prefix=layout.POLICY_DIR,
                 process_group=self._checkpoint_group,
                 planner=planner,
+                compression=self.compression,
             )
         except ShardWriteError as exc:
             raise TrainerGroupError(

@@ -33,9 +33,16 @@ class TrainerSide:
         resources: dict[str, float] | None = None,
         timeout_s: float,
         save_planner: SavePlannerFactory | None = None,
+        compression: str | None = None,
     ) -> None:
         self.group = TrainerGroup(
-            config, ranks=ranks, resources=resources, timeout_s=timeout_s, save_planner=save_planner, form=False
+            config,
+            ranks=ranks,
+            resources=resources,
+            timeout_s=timeout_s,
+            save_planner=save_planner,
+            form=False,
+            compression=compression,
         )
         try:  # TransferQueue starts while the rank processes boot (importing torch); then the group forms
             self.data_plane = TransferQueueClient(tq_config, bootstrap=True)

@@ -182,6 +182,7 @@ class BundleTransaction(FileWriter):
             created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             files=files,
             metadata=meta,
+            format=Manifest.format_for(files),
         )
         manifest_bytes = manifest.to_bytes()
         marker = self._marker(Digest.of(manifest_bytes))

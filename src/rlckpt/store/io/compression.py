@@ -1,8 +1,14 @@
-"""Per-file zstd: a streaming compressor for writers, and one bounded decompressor every reader uses.
+"""Per-file zstd: streaming compressors for writers, and one bounded decompressor every reader uses.
 
-A bundle file stored with zstd is exactly one frame that inflates to exactly the manifest's
+A bundle file stored compressed is exactly one zstd frame that inflates to exactly the manifest's
 `logical_size`. The decompressor feeds the frame in pieces small enough that no piece can inflate
 far past that size, so an 8 KiB entry that would inflate to 256 MiB is refused after ~4 MiB.
+
+`zstd-planes<W>` (manifest format 3) is zstd over the file's bytes regrouped into byte planes: the file
+is cut into PLANE_BLOCK-sized blocks, and each block's W-byte elements are stored as W planes (byte 0 of
+every element, then byte 1, ...), its last `len % W` bytes as they are. A float's sign and exponent share
+one byte, which takes few values in trained weights and optimizer state, so that plane compresses well;
+the mantissa planes are stored nearly raw. Regrouping moves bytes only: the round trip gives back every bit.
 """
 
 from __future__ import annotations
@@ -12,7 +18,15 @@ from collections.abc import Iterator
 import zstandard
 
 ZSTD = "zstd"
+PLANES = {"zstd-planes2": 2, "zstd-planes4": 4, "zstd-planes8": 8}  # name -> element width in bytes
+COMPRESSIONS = (ZSTD, *PLANES)  # every compression a manifest may name, oldest first
 DEFAULT_LEVEL = 1  # level 3 never paid off in the measurements (docs/benchmarks.md)
+PLANE_BLOCK = 1 << 20  # the unit a file's bytes are regrouped in (part of the stored format: never change it)
+
+# A writer that compresses only where it pays tries the file's first TRIAL_BYTES (or the whole file, if
+# smaller) and keeps compression if they shrank to PAYS of their size or less; else the file is stored raw.
+TRIAL_BYTES = PLANE_BLOCK
+PAYS = 0.95
 
 # A zstd block inflates to at most BLOCK_MAX bytes and occupies at least 4 bytes of input (an RLE
 # block: 3-byte header + 1 byte), so `n` input bytes complete at most n // 4 + 1 blocks.
@@ -27,35 +41,111 @@ class DecompressionError(ValueError):
 
 def check_compression(kind: str | None) -> str | None:
     """Return `kind` if it is a supported compression name (or None); raise ValueError otherwise."""
-    if kind not in (None, ZSTD):
-        raise ValueError(f"unknown compression {kind!r}; supported: None, 'zstd'")
+    if kind is not None and kind not in COMPRESSIONS:
+        raise ValueError(f"unknown compression {kind!r}; supported: None, {', '.join(map(repr, COMPRESSIONS))}")
     return kind
 
 
-class StreamCompressor:
-    """Feeds chunks through a zstd compressor (one frame per file) and returns the compressed bytes so far."""
+def planes_for(width: int) -> str:
+    """The compression for elements of `width` bytes: byte planes for 2, 4 and 8, plain zstd otherwise."""
+    return next((name for name, w in PLANES.items() if w == width), ZSTD)
 
-    def __init__(self, level: int = DEFAULT_LEVEL) -> None:
+
+def split_planes(block: bytes, width: int) -> bytes:
+    """One block's bytes regrouped into `width` planes (its last ``len % width`` bytes kept in place)."""
+    body = len(block) // width * width
+    return b"".join([block[k:body:width] for k in range(width)]) + block[body:]
+
+
+def join_planes(data: bytes | bytearray, width: int) -> bytes:
+    """The inverse of split_planes: one block's planes back into its elements."""
+    n = len(data) // width
+    out = bytearray(len(data))
+    for k in range(width):
+        out[k : n * width : width] = data[k * n : (k + 1) * n]
+    out[n * width :] = data[n * width :]
+    return bytes(out)
+
+
+class _Blocks:
+    """Re-cuts a stream of chunks into PLANE_BLOCK-sized blocks (the last one shorter), as bytes."""
+
+    def __init__(self) -> None:
+        self._pending = bytearray()
+
+    def feed(self, chunk: bytes | memoryview) -> Iterator[bytes]:
+        view = memoryview(chunk).cast("B")
+        if self._pending:
+            take = min(len(view), PLANE_BLOCK - len(self._pending))
+            self._pending += view[:take]
+            view = view[take:]
+            if len(self._pending) < PLANE_BLOCK:
+                return
+            yield bytes(self._pending)
+            self._pending = bytearray()
+        while len(view) >= PLANE_BLOCK:
+            yield view[:PLANE_BLOCK].tobytes()
+            view = view[PLANE_BLOCK:]
+        self._pending += view
+
+    def tail(self) -> bytes:
+        tail, self._pending = bytes(self._pending), bytearray()
+        return tail
+
+
+class StreamCompressor:
+    """Feeds chunks through a zstd compressor (one frame per file), regrouped into byte planes first for
+    a `zstd-planes<W>` kind, and returns the compressed bytes so far."""
+
+    def __init__(self, kind: str = ZSTD, level: int = DEFAULT_LEVEL) -> None:
+        check_compression(kind)
+        self.kind = kind
+        self._width = PLANES.get(kind, 0)
+        self._blocks = _Blocks() if self._width else None
         self._cobj = zstandard.ZstdCompressor(level=level, threads=-1).compressobj()
 
     def compress(self, chunk: bytes | memoryview) -> bytes:
-        return self._cobj.compress(chunk)
+        if self._blocks is None:
+            return self._cobj.compress(chunk)
+        return b"".join([self._cobj.compress(split_planes(b, self._width)) for b in self._blocks.feed(chunk)])
+
+    def flush_block(self) -> bytes:
+        """What the bytes so far compress to, out now (the frame goes on): a writer's trial of a file's start."""
+        return self._cobj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
 
     def flush(self) -> bytes:
-        return self._cobj.flush()
+        """The end of the frame (the last, shorter block of planes first)."""
+        head = b""
+        if self._blocks is not None:
+            tail = self._blocks.tail()
+            head = self._cobj.compress(split_planes(tail, self._width)) if tail else b""
+        return head + self._cobj.flush()
 
 
 class ExactDecompressor:
     """Inflate one zstd frame, in chunks, into exactly `logical_size` bytes; DecompressionError otherwise
-    (not zstd, truncated, a second frame or trailing bytes, or more or fewer bytes than promised)."""
+    (not zstd, truncated, a second frame or trailing bytes, or more or fewer bytes than promised). A
+    `zstd-planes<W>` frame's blocks are put back into elements as they complete (`finish` gives the last)."""
 
-    def __init__(self, logical_size: int) -> None:
+    def __init__(self, logical_size: int, kind: str = ZSTD) -> None:
+        check_compression(kind)
         self.logical_size = logical_size
         self.produced = 0
         self._dobj = zstandard.ZstdDecompressor().decompressobj()
+        self._width = PLANES.get(kind, 0)
+        self._blocks = _Blocks() if self._width else None
 
     def feed(self, chunk: bytes | memoryview) -> Iterator[bytes]:
         """The logical bytes that `chunk` (the next stored bytes) completes."""
+        for out in self._inflate(chunk):
+            if self._blocks is None:
+                yield out
+            else:
+                for block in self._blocks.feed(out):
+                    yield join_planes(block, self._width)
+
+    def _inflate(self, chunk: bytes | memoryview) -> Iterator[bytes]:
+        """The frame's bytes (planes still grouped) that `chunk` completes, bounded by the logical size."""
         view = memoryview(chunk).cast("B")
         pos = 0
         while pos < len(view):
@@ -76,17 +166,20 @@ class ExactDecompressor:
             if out:
                 yield out
 
-    def finish(self) -> None:
-        """Check that the frame ended and produced exactly the logical size."""
+    def finish(self) -> bytes:
+        """Check that the frame ended and produced exactly the logical size; the last logical bytes (those
+        of a last, shorter block of planes; b"" for plain zstd)."""
         if not self._dobj.eof:
             raise DecompressionError(f"ends inside its zstd frame (truncated after {self.produced} logical bytes)")
         if self.produced != self.logical_size:
             raise DecompressionError(f"decompresses to {self.produced} bytes, the manifest says {self.logical_size}")
+        if self._blocks is None:
+            return b""
+        return join_planes(self._blocks.tail(), self._width)
 
 
-def decompress_exact(data: bytes, logical_size: int) -> bytes:
+def decompress_exact(data: bytes, logical_size: int, kind: str = ZSTD) -> bytes:
     """A whole stored entry in memory -> its logical bytes (bounded; see ExactDecompressor)."""
-    decoder = ExactDecompressor(logical_size)
+    decoder = ExactDecompressor(logical_size, kind)
     out = b"".join(decoder.feed(data))
-    decoder.finish()
-    return out
+    return out + decoder.finish()

@@ -94,8 +94,12 @@ class FileWriter:
         self._paths.remove(relpath)
 
     # --- writing --------------------------------------------------------------------------------
-    def open(self, relpath: str, compression: str | None = None, level: int = DEFAULT_LEVEL) -> BinaryIO:
-        """A writable binary stream for `relpath`; digest computed while streaming. Close it to keep the file."""
+    def open(
+        self, relpath: str, compression: str | None = None, level: int = DEFAULT_LEVEL, only_if_pays: bool = False
+    ) -> BinaryIO:
+        """A writable binary stream for `relpath`; digest computed while streaming. Close it to keep the file.
+        `only_if_pays`: `compression` is tried on the file's start, and the file stored raw if it does not pay
+        (its entry says which)."""
         validate_relpath(relpath)
         check_compression(compression)
         with self._lock:
@@ -112,7 +116,13 @@ class FileWriter:
                 self._release(relpath)
                 raise
             writer = HashingWriter(
-                raw, relpath, self._on_close, compression=compression, level=level, guard=self._storage
+                raw,
+                relpath,
+                self._on_close,
+                compression=compression,
+                level=level,
+                guard=self._storage,
+                only_if_pays=only_if_pays,
             )
             self._open[relpath] = writer
         return writer  # type: ignore[return-value]

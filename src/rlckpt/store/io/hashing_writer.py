@@ -1,5 +1,7 @@
 """HashingWriter: a writable binary stream that hashes (and optionally compresses) bytes while passing them
-to storage, so a file's digest costs no second pass over its bytes."""
+to storage, so a file's digest costs no second pass over its bytes. Asked to compress only where it pays,
+it holds back the file's first TRIAL_BYTES, compresses them, and stores the file raw if they did not shrink
+to PAYS of their size (random bytes, already compressed data)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
-from rlckpt.store.io.compression import StreamCompressor
+from rlckpt.store.io.compression import PAYS, TRIAL_BYTES, StreamCompressor
 from rlckpt.store.io.digest import WRITE_ALGORITHM, Digest, new_hasher
 from rlckpt.store.records.manifest import FileEntry
 
@@ -20,7 +22,8 @@ class HashingWriter(io.RawIOBase):
 
     `on_close(entry, ok)` is called once: with the FileEntry on a clean close, or with None after
     `discard()` / an error, so the owner can commit or discard the underlying storage file. `guard(what)`
-    wraps every write to storage (the owner turns storage failures into its own errors there).
+    wraps every write to storage (the owner turns storage failures into its own errors there). With
+    `only_if_pays`, `compression` is tried on the file's start first (the entry says what was kept).
     """
 
     def __init__(
@@ -31,6 +34,7 @@ class HashingWriter(io.RawIOBase):
         compression: str | None = None,
         level: int = 1,
         guard: Callable[[str], AbstractContextManager[Any]] = lambda _what: contextlib.nullcontext(),
+        only_if_pays: bool = False,
     ) -> None:
         super().__init__()
         self.raw = raw
@@ -38,7 +42,8 @@ class HashingWriter(io.RawIOBase):
         self.relpath = relpath
         self._on_close = on_close
         self._compression = compression
-        self._compressor = StreamCompressor(level) if compression == "zstd" else None
+        self._compressor = StreamCompressor(compression, level) if compression else None
+        self._trial: bytearray | None = bytearray() if compression and only_if_pays else None
         self._algorithm = WRITE_ALGORITHM
         self._hash = new_hasher(self._algorithm)
         self._stored = 0
@@ -56,12 +61,35 @@ class HashingWriter(io.RawIOBase):
         view = memoryview(data).cast("B")
         try:
             self._logical += len(view)
-            out = self._compressor.compress(view) if self._compressor else view
-            self._emit(out)
+            rest = view
+            if self._trial is not None:  # held back until TRIAL_BYTES are in, then the rest goes as decided
+                take = TRIAL_BYTES - len(self._trial)
+                self._trial += rest[:take]
+                rest = rest[take:]
+                if len(self._trial) < TRIAL_BYTES:
+                    return len(view)
+                self._decide(final=False)
+            if len(rest):
+                self._emit(self._compressor.compress(rest) if self._compressor else rest)
         except BaseException:
             self._failed = True
             raise
         return len(view)
+
+    def _decide(self, final: bool) -> None:
+        """Compress the held-back start (the whole file when `final`); keep it compressed if that paid,
+        else store the file raw from here on."""
+        assert self._trial is not None and self._compressor is not None
+        trial, self._trial = memoryview(self._trial), None
+        compressor = self._compressor
+        out = compressor.compress(trial) + (compressor.flush() if final else compressor.flush_block())
+        if len(out) <= PAYS * len(trial):
+            self._emit(out)
+            if final:
+                self._compressor = None  # its frame is complete
+            return
+        self._compressor, self._compression = None, None
+        self._emit(trial)
 
     def _emit(self, out: bytes | memoryview) -> None:
         if len(out):
@@ -83,6 +111,8 @@ class HashingWriter(io.RawIOBase):
         entry: FileEntry | None = None
         try:
             if not self._failed:
+                if self._trial is not None:
+                    self._decide(final=True)
                 if self._compressor:
                     self._emit(self._compressor.flush())
                 entry = FileEntry(

@@ -30,6 +30,7 @@ from rlckpt.formats import (
     read_format,
     readable,
 )
+from rlckpt.store.io.compression import PLANES
 from rlckpt.store.io.digest import SHA256, Digest
 from rlckpt.store.paths.path_set import PathSet
 from rlckpt.store.paths.paths import COMMIT_NAME, MANIFEST_NAME
@@ -44,6 +45,7 @@ from rlckpt.store.records.manifest_formats import (
 
 # Caps on what a reader will fetch of each metadata record: no object in a run can make it allocate more.
 COMMIT_MAX_BYTES = 64 << 10
+WRITTEN_FORMATS = (2, MANIFEST_FORMAT)  # what this rlckpt writes: the oldest that holds the files (format_for)
 MANIFEST_MAX_BYTES = 32 << 20  # ~180k files with short paths (docs/store-protocol.md, "Records")
 # manifest.json holds the user's metadata one level down: the nesting a reader's bound leaves it.
 METADATA_MAX_DEPTH = MAX_JSON_DEPTH - 1
@@ -202,13 +204,21 @@ class Manifest:
         """The algorithms its files' digests are of, sorted (one, unless entries were carried over)."""
         return tuple(sorted({entry.digest.algorithm for entry in self.files.values()}))
 
+    @staticmethod
+    def format_for(files: dict[str, FileEntry]) -> int:
+        """The oldest format that holds `files`: 3 where an entry is stored in byte planes, else 2, so that a
+        bundle saved without that option stays readable by every rlckpt that read format 2."""
+        return MANIFEST_FORMAT if any(e.compression in PLANES for e in files.values()) else WRITTEN_FORMATS[0]
+
     def to_bytes(self) -> bytes:
-        """The canonical bytes written as manifest.json (MANIFEST_FORMAT only: older formats are read, never
+        """The canonical bytes written as manifest.json (WRITTEN_FORMATS only: older formats are read, never
         written)."""
-        if self.format != MANIFEST_FORMAT or self.writer_version is None:
+        if self.format not in WRITTEN_FORMATS or self.writer_version is None:
             raise ValueError(
-                f"manifest format {self.format} is read, never written (this rlckpt writes {MANIFEST_FORMAT})"
+                f"manifest format {self.format} is read, never written (this rlckpt writes {WRITTEN_FORMATS})"
             )
+        if self.format < self.format_for(self.files):
+            raise ValueError(f"manifest format {self.format} cannot hold byte-plane entries (format {MANIFEST_FORMAT})")
         return canonical_json(
             {
                 "format": self.format,

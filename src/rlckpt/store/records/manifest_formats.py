@@ -6,6 +6,7 @@ docs/formats.md is rendered from them.
 |----------|--------|-----------------------------------------------------------------------------------|
 | manifest | 1      | every entry sha256 under `sha256`; no `writer_version`                            |
 | manifest | 2      | each entry names its `algorithm` beside its `digest`; `writer_version`            |
+| manifest | 3      | as 2; an entry's `compression` may also be `zstd-planes2`, `-planes4`, `-planes8`  |
 | COMMIT   | 1      | `manifest_sha256`                                                                 |
 | COMMIT   | 2      | `manifest_algorithm` + `manifest_digest`; `writer_version`                        |
 | COMMIT   | 3      | as 2, plus `run` (the run's id) and `signature` (null when committed unsigned)    |
@@ -18,10 +19,11 @@ from typing import Any
 
 from rlckpt.errors import CorruptBundleError, InvalidPathError
 from rlckpt.formats import SHA256_HEX, Anything, Field, Int, MapOf, Nullable, Obj, Record, Refusal, Str
+from rlckpt.store.io.compression import COMPRESSIONS, ZSTD
 from rlckpt.store.io.digest import ALGORITHMS
 from rlckpt.store.paths.paths import TXID_PATTERN, validate_relpath
 
-MANIFEST_FORMAT = 2
+MANIFEST_FORMAT = 3
 COMMIT_FORMAT = 3
 SIGNATURE_ALGORITHMS = ("ed25519",)
 RUN_ID = "[0-9a-f]{32}"  # run_record.RUN_ID_PATTERN (run_record imports this package's manifest module)
@@ -54,28 +56,45 @@ WRITER_VERSION = Field(
 STEP = Field("step", Int(minimum=0), "the bundle's step")
 TXID_FIELD = Field("txid", TXID, "the transaction that wrote the bundle (its data lives under it)")
 
-_SIZES = (
-    Field("size", Int(minimum=0), "bytes stored (after zstd, if any): what the digest is of"),
-    Field(
-        "logical_size",
-        Int(minimum=0),
-        "bytes a reader gets back (inflated); equal to `size` when uncompressed, which the reader checks",
-    ),
-    Field("compression", Nullable(Str(choices=("zstd",))), "how the stored bytes are compressed"),
-)
+
+def _sizes(compressions: tuple[str, ...]) -> tuple[Field, ...]:
+    return (
+        Field("size", Int(minimum=0), "bytes stored (after compression, if any): what the digest is of"),
+        Field(
+            "logical_size",
+            Int(minimum=0),
+            "bytes a reader gets back (inflated); equal to `size` when uncompressed, which the reader checks",
+        ),
+        Field(
+            "compression",
+            Nullable(Str(choices=compressions)),
+            "how the stored bytes are compressed: one zstd frame, of the bytes as they are (`zstd`) or regrouped "
+            "into byte planes of 2, 4 or 8-byte elements first (`zstd-planes<W>`, [formats of "
+            "files](store-protocol.md#compressed-files))",
+        ),
+    )
+
+
+def _file_entry(compressions: tuple[str, ...]) -> Obj:
+    sizes = _sizes(compressions)
+    return Obj(
+        "file entry",
+        (
+            sizes[0],
+            Field("algorithm", DIGEST_ALGORITHM, "the digest's algorithm (this rlckpt writes blake3)"),
+            Field("digest", HEX_64, "the digest of the stored bytes under `algorithm`"),
+            *sizes[1:],
+        ),
+    )
+
+
+_SIZES_1 = _sizes((ZSTD,))
 FILE_ENTRY_1 = Obj(
     "file entry",
-    (_SIZES[0], Field("sha256", SHA256_HEX, "sha256 of the stored bytes"), *_SIZES[1:]),
+    (_SIZES_1[0], Field("sha256", SHA256_HEX, "sha256 of the stored bytes"), *_SIZES_1[1:]),
 )
-FILE_ENTRY = Obj(
-    "file entry",
-    (
-        _SIZES[0],
-        Field("algorithm", DIGEST_ALGORITHM, "the digest's algorithm (this rlckpt writes blake3)"),
-        Field("digest", HEX_64, "the digest of the stored bytes under `algorithm`"),
-        *_SIZES[1:],
-    ),
-)
+FILE_ENTRY_2 = _file_entry((ZSTD,))
+FILE_ENTRY = _file_entry(COMPRESSIONS)
 
 
 def _manifest_fields(entry: Obj, *versioned: Field) -> tuple[Field, ...]:
@@ -112,7 +131,14 @@ MANIFEST = Record(
         "listed twice, or a file where another path needs a directory, is refused too), then each file's "
         "bytes against its entry ([store-protocol.md](store-protocol.md#reading-storeopenstep--bundle))."
     ),
-    written_by="rlckpt 0.1.0, from the BLAKE3 change (2b39f30)",
+    written_by="rlckpt 0.1.0, from byte-plane compression (issue 40), for a bundle with a byte-plane entry",
+    changes="an entry's `compression` may be `zstd-planes2`, `zstd-planes4` or `zstd-planes8` (byte planes, then zstd)",
+)
+MANIFEST_2 = replace(
+    MANIFEST,
+    format=2,
+    fields=_manifest_fields(FILE_ENTRY_2, WRITER_VERSION),
+    written_by="rlckpt 0.1.0, from the BLAKE3 change (2b39f30); still, for a bundle with no byte-plane entry",
     changes="each entry names its digest's `algorithm` (`sha256` → `algorithm` + `digest`); `writer_version`",
 )
 MANIFEST_1 = replace(
@@ -122,7 +148,7 @@ MANIFEST_1 = replace(
     written_by="rlckpt 0.1.0, deb1516 until the BLAKE3 change (2b39f30); the bundles in `tests/fixtures/`",
     changes="the first: every digest sha256",
 )
-MANIFEST_FORMATS = (MANIFEST_1, MANIFEST)  # every format this rlckpt reads, oldest first
+MANIFEST_FORMATS = (MANIFEST_1, MANIFEST_2, MANIFEST)  # every format this rlckpt reads, oldest first
 
 SIGNATURE = Obj(
     "signature",
