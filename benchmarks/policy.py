@@ -5,8 +5,10 @@ benchmarks/results/policy_bench.{json,md,png} (docs/benchmarks.md)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -153,13 +155,55 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def destination_names(args: argparse.Namespace, prog: str) -> set[str]:
+    """The destinations asked for (--destinations, and rgw implied by --rgw-endpoint); SystemExit on a bad mix."""
+    names = set(args.destinations)
+    if args.rgw_endpoint and not names & {"rgw", "rgw-proxy"}:
+        names.add("rgw")
+    unknown = names - {"local", "moto", "rgw", "rgw-proxy"}
+    if unknown:
+        raise SystemExit(f"{prog}: unknown destinations {sorted(unknown)} (use local, moto, rgw, rgw-proxy)")
+    if names & {"rgw", "rgw-proxy"} and not args.rgw_endpoint:
+        raise SystemExit(f"{prog}: destination rgw needs --rgw-endpoint URL (scripts/rgw.sh start)")
+    if getattr(args, "rgw_reclaim", None) and not args.rgw_endpoint:
+        raise SystemExit(f"{prog}: --rgw-reclaim runs after removals from RGW: it needs --rgw-endpoint")
+    return names
+
+
+@contextlib.contextmanager
+def open_destinations(args: argparse.Namespace, names: set[str]) -> Iterator[tuple[list[Any], str]]:
+    """The destinations `names` up for the block (a moto server, the ETag proxy before RGW: stopped after it),
+    and the scratch dir beside them. With rgw-proxy, the connector saves to s3-rgw through the proxy."""
+    from benchmarks.lib.etag_proxy import etag_proxy
+    from rlckpt.bench.destinations import s3_destination
+    from rlckpt.bench.harness import destinations
+
+    harness_names = [{"local": "local", "moto": "s3"}[n] for n in ("local", "moto") if n in names]
+    with contextlib.ExitStack() as stack:
+        dests = stack.enter_context(
+            destinations(
+                harness_names,
+                scratch_root=args.scratch_dir,
+                rgw_endpoint=args.rgw_endpoint if "rgw" in names else None,
+                rgw_key=args.rgw_key,
+                rgw_secret=args.rgw_secret,
+            )
+        )
+        chosen = list(dests.destinations)
+        if "rgw-proxy" in names:
+            proxied = stack.enter_context(etag_proxy(args.rgw_endpoint.rstrip("/")))
+            via_proxy = s3_destination("s3-rgw-etag-proxy", proxied, args.rgw_key, args.rgw_secret)
+            for direct in (d for d in chosen if d.name == "s3-rgw"):  # the connector saves there, loads direct
+                direct.s3tc_save_options = via_proxy.storage_options
+            chosen.append(via_proxy)
+        yield chosen, str(dests.scratch)
+
+
 def run_policy(args: argparse.Namespace) -> int:
-    import contextlib
     import json
     import tempfile
 
     from benchmarks.lib.digest_speed import DigestSpeed, digest_table, measure_digests
-    from benchmarks.lib.etag_proxy import etag_proxy
     from benchmarks.lib.policy import (
         PolicyBenchConfig,
         evaluate_targets,
@@ -168,8 +212,7 @@ def run_policy(args: argparse.Namespace) -> int:
         run_sweep,
     )
     from benchmarks.lib.policy_report import policy_plot, policy_table, proxied_note, skipped_note, targets_summary
-    from rlckpt.bench.destinations import s3_destination
-    from rlckpt.bench.harness import destinations, run_metadata
+    from rlckpt.bench.harness import run_metadata
     from rlckpt.bench.report import write_json
 
     out = Path(args.out)
@@ -192,18 +235,7 @@ def run_policy(args: argparse.Namespace) -> int:
         config_doc = document["config"]
         runs = meta.get("merged_runs", [])
     else:
-        names = set(args.destinations)
-        if args.rgw_endpoint and not names & {"rgw", "rgw-proxy"}:
-            names.add("rgw")
-        unknown = names - {"local", "moto", "rgw", "rgw-proxy"}
-        if unknown:
-            raise SystemExit(
-                f"benchmarks.policy: unknown destinations {sorted(unknown)} (use local, moto, rgw, rgw-proxy)"
-            )
-        if names & {"rgw", "rgw-proxy"} and not args.rgw_endpoint:
-            raise SystemExit("benchmarks.policy: destination rgw needs --rgw-endpoint URL (scripts/rgw.sh start)")
-        if args.rgw_reclaim and not args.rgw_endpoint:
-            raise SystemExit("benchmarks.policy: --rgw-reclaim runs after removals from RGW: it needs --rgw-endpoint")
+        names = destination_names(args, "benchmarks.policy")
         config = PolicyBenchConfig(
             sizes_mib=[2.0] if args.quick else args.sizes,
             ranks=[1, 2] if args.quick else args.ranks,
@@ -222,24 +254,7 @@ def run_policy(args: argparse.Namespace) -> int:
         meta = run_metadata(command_line())
         digests = measure_digests(mib=4 if args.quick else 256)
         print(digest_table(digests), file=sys.stderr)
-        harness_names = [{"local": "local", "moto": "s3"}[n] for n in ("local", "moto") if n in names]
-        with contextlib.ExitStack() as stack:
-            dests = stack.enter_context(
-                destinations(
-                    harness_names,
-                    scratch_root=args.scratch_dir,
-                    rgw_endpoint=args.rgw_endpoint if "rgw" in names else None,
-                    rgw_key=args.rgw_key,
-                    rgw_secret=args.rgw_secret,
-                )
-            )
-            chosen = list(dests.destinations)
-            if "rgw-proxy" in names:
-                proxied = stack.enter_context(etag_proxy(args.rgw_endpoint.rstrip("/")))
-                via_proxy = s3_destination("s3-rgw-etag-proxy", proxied, args.rgw_key, args.rgw_secret)
-                for direct in (d for d in chosen if d.name == "s3-rgw"):  # the connector saves there, loads direct
-                    direct.s3tc_save_options = via_proxy.storage_options
-                chosen.append(via_proxy)
+        with open_destinations(args, names) as (chosen, scratch):
             print(
                 f"benchmarks.policy: {', '.join(d.name for d in chosen)} x {config.ranks} ranks "
                 f"x {config.sizes_mib} MiB",
@@ -259,7 +274,7 @@ def run_policy(args: argparse.Namespace) -> int:
             points = run_sweep(
                 config,
                 chosen,
-                tempfile.mkdtemp(prefix="rlckpt-policy-bench-", dir=dests.scratch),
+                tempfile.mkdtemp(prefix="rlckpt-policy-bench-", dir=scratch),
                 on_points=keep,
                 on_failure=lost,
                 reclaim={d.name: config.rgw_reclaim for d in chosen if config.rgw_reclaim and "rgw" in d.name},

@@ -23,6 +23,8 @@ Systems:
   8 MiB parts, path-style addressing, one client per rank). Skipped with a note when it is not installed, and
   on a Ceph 16 RGW reached directly (its CompleteMultipartUpload sends no ETag, which the connector requires:
   measure it through the ETag proxy, bench/etag_proxy.py).
+- rlckpt-zstd (with `--compress`): rlckpt with `BundleStorageWriter(..., compression="on")`: each shard file in
+  byte planes + zstd where its first MiB shrinks, raw otherwise; read by the same BundleStorageReader.
 - the checked floor (local disk): after each DCP load, every rank hashes the shard files it wrote
   (`__<rank>_*.distcp`, read into memory first, untimed) with BLAKE3 as rlckpt's reader does; DCP's load
   plus that pass is what a load that refuses unverified bytes cannot beat.
@@ -44,6 +46,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 from rlckpt.bench.rows import MiB
@@ -52,10 +55,12 @@ logger = logging.getLogger(__name__)
 
 DEPTH = 8  # Linear layers; the width follows from the size asked for
 RLCKPT, DCP, FSSPEC, S3TC = "rlckpt", "dcp", "fsspec", "s3torchconnector"
+RLCKPT_Z = "rlckpt-zstd"  # rlckpt with compression="on" (--compress)
 LOCAL_SYSTEMS = (RLCKPT, DCP)
 S3_SYSTEMS = (RLCKPT, S3TC, FSSPEC)
 LABELS = {
     RLCKPT: "rlckpt.dcp",
+    RLCKPT_Z: "rlckpt.dcp, byte planes + zstd",
     DCP: "DCP FileSystemWriter/Reader",
     FSSPEC: "DCP FsspecWriter/Reader (s3fs)",
     S3TC: "s3torchconnector.dcp",
@@ -63,6 +68,12 @@ LABELS = {
 S3TC_REGION = "us-east-1"
 RECLAIM_TIMEOUT_S = 120.0  # a reclaim command taking longer is given up on (and logged)
 MEMORY_FLAT_MIB = 64.0  # local load: rlckpt's extra memory may grow by at most this much from the smallest size up
+# How the state's values are drawn (`--draws`), each `<how>-<dtype>`: init (the MLP's own init, one AdamW step:
+# the policy benchmark's state), trained (weights redrawn normal with std 0.02, as trained weights are, then
+# three AdamW steps: real moments) or random (every bit of every tensor uniform: nothing to compress); dtype
+# fp32 or bf16 (the model cast before sharding; AdamW's moments follow it).
+DRAWS = tuple(f"{how}-{dtype}" for how in ("init", "trained", "random") for dtype in ("fp32", "bf16"))
+DEFAULT_DRAW = "init-fp32"
 
 
 @dataclass(frozen=True)
@@ -110,6 +121,8 @@ class PolicyBenchConfig:
     thread_count: int = 1  # writer threads per rank, the same for every system (DCP's default is 1)
     warm_up: bool = True  # an untimed save + load of every system at each size before its repeats
     rgw_reclaim: str | None = None  # run after each removal from RGW (DestinationJob.reclaim_command)
+    draws: list[str] = field(default_factory=lambda: [DEFAULT_DRAW])  # DRAWS
+    compress: bool = False  # measure RLCKPT_Z beside the others
 
 
 @dataclass(frozen=True)
@@ -127,6 +140,7 @@ class DestinationJob:
     skip: dict[str, str] = field(default_factory=dict)
     s3tc_save_options: dict[str, Any] | None = None
     reclaim_command: str | None = None
+    compress: bool = False  # RLCKPT_Z measured too
 
     @property
     def kind(self) -> str:
@@ -134,7 +148,8 @@ class DestinationJob:
 
     @property
     def systems(self) -> tuple[str, ...]:
-        return tuple(s for s in (LOCAL_SYSTEMS if self.kind == "local" else S3_SYSTEMS) if s not in self.skip)
+        base = LOCAL_SYSTEMS if self.kind == "local" else S3_SYSTEMS
+        return tuple(s for s in (*base[:1], *([RLCKPT_Z] if self.compress else []), *base[1:]) if s not in self.skip)
 
 
 @dataclass(frozen=True)
@@ -149,6 +164,7 @@ class RankJob:
     thread_count: int
     out_path: str
     warm_up: bool = False  # see PolicyBenchConfig.warm_up
+    draws: list[str] = field(default_factory=lambda: [DEFAULT_DRAW])
 
 
 @dataclass
@@ -163,6 +179,8 @@ class Measurement:
     digest_s: float | None = None  # DCP's measurements on local disk: the BLAKE3 pass over its files
     save_extra_mib: float | None = None
     load_extra_mib: float | None = None
+    stored_bytes: int | None = None  # what the checkpoint occupies at its destination (all ranks' files)
+    save_cpu_s: float | None = None  # CPU time of the save, every rank's process summed
 
 
 @dataclass
@@ -179,6 +197,7 @@ class PointResult:
     kind: str = "s3"
     proxied_saves: list[str] = field(default_factory=list)  # systems that saved through a proxy, not compared
     run: str = ""  # the run it came from, in a result merged from several (benchmarks.lib.policy_merge)
+    draw: str = DEFAULT_DRAW  # how the state's values were drawn (DRAWS)
 
     def compared(self, system: str, op: str) -> bool:
         """Whether `system`'s `op` ran where rlckpt's did (a save through the ETag proxy did not)."""
@@ -188,13 +207,18 @@ class PointResult:
     def systems(self) -> list[str]:
         """The systems measured here, in the benchmark's order."""
         seen = {m.system for m in self.measurements}
-        return [s for s in (RLCKPT, DCP, S3TC, FSSPEC) if s in seen]
+        return [s for s in (RLCKPT, RLCKPT_Z, DCP, S3TC, FSSPEC) if s in seen]
 
     def times(self, system: str, op: str) -> list[float]:
         return [getattr(m, f"{op}_s") for m in self.measurements if m.system == system]
 
     def median(self, system: str, op: str) -> float:
         values = self.times(system, op)
+        return statistics.median(values) if values else float("nan")
+
+    def median_of(self, system: str, name: str) -> float:
+        """Median of a measurement's field (`stored_bytes`, `save_cpu_s`) over `system`'s repeats (nan: none)."""
+        values = [v for m in self.measurements if m.system == system and (v := getattr(m, name)) is not None]
         return statistics.median(values) if values else float("nan")
 
     def memory(self, system: str, op: str) -> float:
@@ -300,7 +324,7 @@ class _Systems:
         self._s3tc_clients: dict[bool, Any] = {}  # one for saves, one for loads (the same one without a proxy)
 
     def where(self, system: str, k: int) -> str:
-        return f"{self.store.root}/step_{k}" if system == RLCKPT else f"{self.dest.other_root}/{system}_{k}"
+        return f"{self.store.root}/step_{k}" if system in (RLCKPT, RLCKPT_Z) else f"{self.dest.other_root}/{system}_{k}"
 
     def writer(self, system: str, k: int) -> Any:
         import torch.distributed.checkpoint as dcp
@@ -308,8 +332,9 @@ class _Systems:
         from rlckpt.dcp import BundleStorageWriter
 
         path = self.where(system, k)
-        if system == RLCKPT:
-            return BundleStorageWriter(self.store, step=k, thread_count=self.thread_count)
+        if system in (RLCKPT, RLCKPT_Z):
+            compression = "on" if system == RLCKPT_Z else None
+            return BundleStorageWriter(self.store, step=k, thread_count=self.thread_count, compression=compression)
         if system == DCP:
             return dcp.FileSystemWriter(path, thread_count=self.thread_count)
         if system == FSSPEC:
@@ -332,7 +357,7 @@ class _Systems:
         from rlckpt.dcp import BundleStorageReader
 
         path = self.where(system, k)
-        if system == RLCKPT:
+        if system in (RLCKPT, RLCKPT_Z):
             return BundleStorageReader(self.store, step=k)
         if system == DCP:
             return dcp.FileSystemReader(path)
@@ -379,6 +404,15 @@ class _Systems:
         import torch.distributed.checkpoint as dcp
 
         dcp.load(state, storage_reader=self.reader(system, k))
+
+    def stored_bytes(self, system: str, k: int) -> int:
+        """What checkpoint `k` of `system` occupies: its manifest's files for rlckpt, its files for the others."""
+        if system in (RLCKPT, RLCKPT_Z):
+            return self.store.open(k).manifest.total_size
+        where = self.where(system, k)
+        if self.dest.storage_options is None:
+            return sum(f.stat().st_size for f in Path(where).rglob("*") if f.is_file())
+        return int(self.store.fs.du(where.removeprefix("s3://")))
 
     def remove(self, system: str, k: int, rank: int) -> None:
         """Rank 0 drops a measured checkpoint (moto and RGW keep objects in RAM); then every rank meets at a
@@ -555,9 +589,9 @@ def _measure_destination(
     order = [s for s in dest.systems if s not in skipped]
 
     points: list[dict[str, Any]] = []
-    for size in job.sizes_mib:
+    for draw, size in ((d, z) for d in job.draws for z in job.sizes_mib):
         width = width_for(size)
-        model, optim, state = _trained_policy(mesh, width)
+        model, optim, state = _trained_policy(mesh, width, draw)
         reference = flat_tensors(state) if job.verify else {}
         local_bytes = torch.tensor(
             [sum(t.numel() * t.element_size() for t in flat_tensors(state).values())], dtype=torch.int64
@@ -568,6 +602,7 @@ def _measure_destination(
             "state_bytes": int(local_bytes.item()),
             "width": width,
             "ranks": world_size,
+            "draw": draw,
             "destination": dest.destination,
             "kind": dest.kind,
             "skipped": skipped,
@@ -582,15 +617,19 @@ def _measure_destination(
                 if error is not None:
                     _peer_failed(system, error, f"{world_size} ranks, {size:g} MiB, warm-up", failed)
                     del model, optim, state  # half loaded, perhaps: the same bits again
-                    model, optim, state = _trained_policy(mesh, width)
+                    model, optim, state = _trained_policy(mesh, width, draw)
         for repeat in range(job.repeats):
             shift = repeat % len(order)
             for system in order[shift:] + order[:shift]:
                 if system in failed:
                     continue
                 step += 1
-                pools = system == RLCKPT
+                pools = system in (RLCKPT, RLCKPT_Z)
+                cpu = time.process_time()
                 save_s, save_mib, error = _measured(functools.partial(systems.save, system, step, state), pools)
+                save_cpu = torch.tensor([time.process_time() - cpu], dtype=torch.float64)
+                dist.all_reduce(save_cpu)
+                stored = systems.stored_bytes(system, step) if error is None and rank == 0 else None
                 _zero(state)
                 load_s, load_mib = 0.0, 0.0
                 if error is None:
@@ -599,7 +638,7 @@ def _measure_destination(
                     _peer_failed(system, error, f"{world_size} ranks, {size:g} MiB, repeat {repeat + 1}", failed)
                     systems.remove(system, step, rank)
                     del model, optim, state  # zeroed for the load, or half loaded: the same bits again
-                    model, optim, state = _trained_policy(mesh, width)
+                    model, optim, state = _trained_policy(mesh, width, draw)
                     continue
                 digest_s = None
                 if system == DCP:
@@ -624,11 +663,13 @@ def _measure_destination(
                         "digest_s": digest_s,
                         "save_extra_mib": save_mib,
                         "load_extra_mib": load_mib,
+                        "stored_bytes": stored,
+                        "save_cpu_s": float(save_cpu.item()),
                     }
                 )
                 if rank == 0:
                     print(
-                        f"  {dest.destination:<18} {world_size} ranks {size:>6g} MiB  {system:<16} "
+                        f"  {dest.destination:<18} {world_size} ranks {size:>6g} MiB {draw:<13} {system:<16} "
                         f"save {save_s:6.2f} s (+{save_mib:5.0f} MiB)  load {load_s:6.2f} s (+{load_mib:5.0f} MiB)  "
                         f"{'ok' if ok else 'MISMATCH'}",
                         flush=True,
@@ -642,14 +683,43 @@ def _measure_destination(
     return points
 
 
-def _trained_policy(mesh: Any, width: int) -> tuple[Any, Any, Any]:
-    """The measured policy at `width` after one training step, and its state dict: the same bits on every call
-    (fixed seeds, and gloo sums in a fixed order), so a state a failed system left behind can be made again."""
-    from support.dcp_ranks import policy_state, sharded_policy, train_step
+def _trained_policy(mesh: Any, width: int, draw: str = DEFAULT_DRAW) -> tuple[Any, Any, Any]:
+    """The measured policy at `width`, drawn as `draw` says (DRAWS), and its state dict: the same bits on every
+    call (fixed seeds, and gloo sums in a fixed order), so a state a failed system left behind can be made again."""
+    import torch
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
 
-    model, optim = sharded_policy(mesh, width, DEPTH, seed=0)
-    train_step(model, optim, width, seed=1)
-    return model, optim, policy_state(model, optim)
+    from support.dcp_ranks import mlp, policy_state
+
+    how, dtype_name = draw.split("-")
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype_name]
+    model = mlp(width, DEPTH, 0)
+    generator = torch.Generator().manual_seed(0)
+    if how in ("trained", "random"):
+        with torch.no_grad():
+            for param in model.parameters():
+                param.normal_(0.0, 0.02, generator=generator)
+    model = model.to(dtype)
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-3 if how == "trained" else 1e-2)
+    for step in range(3 if how == "trained" else 1):
+        batch = torch.randn(8, width, generator=torch.Generator().manual_seed(1 + step)).to(dtype)
+        optim.zero_grad()
+        model(batch).float().pow(2).mean().backward()
+        optim.step()
+    state = policy_state(model, optim)
+    if how == "random":  # every floating tensor's bits drawn anew (the step counters kept)
+        noise = torch.Generator().manual_seed(1000 + mesh.get_rank())
+        tensors = [*model.parameters(), *(t for st in optim.state.values() for k, t in st.items() if k != "step")]
+        for tensor in tensors:
+            local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+            flat = local.detach().view(-1).view(torch.uint8)
+            flat.copy_(torch.randint(0, 256, flat.shape, generator=noise, dtype=torch.uint8))
+    return model, optim, state
 
 
 def _peer_failed(system: str, error: str, where: str, failed: dict[str, str]) -> None:
@@ -707,6 +777,7 @@ def run_sweep(
                     reasons,
                     d.s3tc_save_options,
                     (reclaim or {}).get(d.name),
+                    config.compress,
                 )
             )
         job = RankJob(
@@ -717,6 +788,7 @@ def run_sweep(
             thread_count=config.thread_count,
             out_path=os.path.join(workdir, f"policy-{ranks}r.json"),
             warm_up=config.warm_up,
+            draws=list(config.draws),
         )
         try:
             run_ranks(rank_main, ranks, job, timeout=timeout)
@@ -734,7 +806,7 @@ def run_sweep(
             on_points(points)
         results.extend(points)
     names = [d.name for d in destinations]
-    return sorted(results, key=lambda p: (names.index(p.destination), p.ranks, p.size_mib))
+    return sorted(results, key=lambda p: (names.index(p.destination), p.draw, p.ranks, p.size_mib))
 
 
 @dataclass(frozen=True)
@@ -825,6 +897,7 @@ def points_from_document(document: dict[str, Any]) -> list[PointResult]:
             p.get("kind", "local" if p["destination"] == "local" else "s3"),
             list(p.get("proxied_saves", [])),
             p.get("run", ""),
+            p.get("draw", DEFAULT_DRAW),
         )
         for p in document["points"]
     ]
