@@ -125,9 +125,10 @@ def test_sigterm_during_a_background_upload_on_s3_saves_the_step_reached_and_the
     """The trainer ranks are held inside their write of step 4's policy (saves are async: training goes
     on) when SIGTERM comes. The gate opens once the controller has the stop: save 4 is finished, not
     aborted or taken twice, then the step reached is saved, and the run exits 0. A new run resumes
-    from that bundle and ends bit-identical to the uninterrupted one."""
+    from that bundle and ends bit-identical to the uninterrupted one. Both runs store the policy compressed
+    (--compress-policy auto, on S3): the resume loads byte planes."""
     options = json.dumps(s3_storage_options)
-    run = start_gated("upload:4", s3_run_url, 8, "--storage-options", options)
+    run = start_gated("upload:4", s3_run_url, 8, "--storage-options", options, "--compress-policy", "auto")
     run.wait_reached("upload-4")
     run.sigterm()
     run.wait_acknowledged()
@@ -140,8 +141,10 @@ def test_sigterm_during_a_background_upload_on_s3_saves_the_step_reached_and_the
     assert first["bundles"] == sorted({2, 4, reached}) == [save["step"] for save in first["saves"]]
     assert f"rlckpt train: preempted: saved step {reached}, stopped" in run.stderr()
     assert debris(BundleStore(s3_run_url, s3_storage_options)) == []
+    files = BundleStore(s3_run_url, s3_storage_options).open(reached).manifest.files
+    assert "zstd-planes4" in {e.compression for rel, e in files.items() if rel.startswith("policy/__")}
 
-    resumed = run_train(s3_run_url, 8, "--storage-options", options)
+    resumed = run_train(s3_run_url, 8, "--storage-options", options, "--compress-policy", "auto")
     assert resumed["resumed_from"] == reached and resumed["stop_reason"] == "completed"
     assert resumed["policy_sha256"] == straight.summary["policy_sha256"]
     assert first["trained_draws"] + resumed["trained_draws"] == straight.summary["trained_draws"]

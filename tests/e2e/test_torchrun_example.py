@@ -53,10 +53,10 @@ class Run:
             *args,
         ]
 
-    def train(self, steps: int, save_every: int = 2) -> dict[str, Any]:
-        """Run the example to `steps`; its summary (rank 0's JSON line)."""
+    def train(self, steps: int, *extra: str, save_every: int = 2) -> dict[str, Any]:
+        """Run the example to `steps` (with `extra` flags); its summary (rank 0's JSON line)."""
         done = subprocess.run(
-            self.command("--steps", str(steps), "--save-every", str(save_every)),
+            self.command("--steps", str(steps), "--save-every", str(save_every), *extra),
             capture_output=True,
             text=True,
             timeout=RUN_TIMEOUT_S,
@@ -108,9 +108,10 @@ def location(request, tmp_path_factory) -> Location:
 
 @pytest.fixture(scope="module")
 def two_parts(location) -> tuple[Run, dict[str, Any], dict[str, Any]]:
-    """The same run in two parts: to 4, then (resumed) to 6."""
+    """The same run in two parts: to 4, then (resumed) to 6; with --compress-policy auto, which compresses on S3
+    (the resume then loads byte planes) and leaves local disk raw."""
     run = location.run("two-parts")
-    return run, run.train(4), run.train(6)
+    return run, run.train(4, "--compress-policy", "auto"), run.train(6, "--compress-policy", "auto")
 
 
 def test_a_run_to_6_in_two_parts_ends_bit_identical_to_one_straight_run(two_parts, straight):
@@ -125,6 +126,14 @@ def test_the_second_part_resumes_from_the_bundle_of_the_first(two_parts):
     assert second["restored_from"] == 4 and second["last_committed_step"] == 6
     assert run.store().steps() == [2, 4, 6]
     run.store().open(6).verify()
+
+
+def test_compress_policy_auto_stores_the_state_in_planes_on_s3_and_raw_on_local_disk(two_parts):
+    run, _, _ = two_parts
+    for step in (4, 6):
+        files = run.store().open(step).manifest.files
+        kinds = {e.compression for rel, e in files.items() if rel.endswith(".distcp") and e.logical_size > 1 << 16}
+        assert kinds == ({None} if run.options is None else {"zstd-planes4"}), (step, kinds)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from rlckpt.errors import CorruptBundleError, UnsafeObjectError
 from rlckpt.store.backends import Backend, HeldFile
 from rlckpt.store.commit.commit_check import check_listing
 from rlckpt.store.io.buffers import READ_BUFFERS
-from rlckpt.store.io.compression import DecompressionError, ExactDecompressor, decompress_exact
+from rlckpt.store.io.compression import ONE_SHOT_MAX, DecompressionError, ExactDecompressor, decompress_exact
 from rlckpt.store.io.digest import Digest, new_hasher
 from rlckpt.store.io.storage_errors import unavailable_as_store_error
 from rlckpt.store.paths.paths import step_dirname, validate_relpath
@@ -123,6 +123,12 @@ class Bundle:
         entry = self._entry(relpath)
         if entry.compression is None:
             self._stream_stored(relpath, sink, progress)
+            return
+        if entry.logical_size <= ONE_SHOT_MAX:  # held whole and inflated in one call, once its digest checked out
+            stored = bytearray()
+            self._stream_stored(relpath, stored.extend, progress)
+            kind = entry.compression
+            sink(self._inflate(relpath, lambda: decompress_exact(bytes(stored), entry.logical_size, kind)))
             return
         decoder = ExactDecompressor(entry.logical_size, entry.compression)
         problems: list[DecompressionError] = []

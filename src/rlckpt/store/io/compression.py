@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import zstandard
 
 ZSTD = "zstd"
@@ -22,6 +23,11 @@ PLANES = {"zstd-planes2": 2, "zstd-planes4": 4, "zstd-planes8": 8}  # name -> el
 COMPRESSIONS = (ZSTD, *PLANES)  # every compression a manifest may name, oldest first
 DEFAULT_LEVEL = 1  # level 3 never paid off in the measurements (docs/benchmarks.md)
 PLANE_BLOCK = 1 << 20  # the unit a file's bytes are regrouped in (part of the stored format: never change it)
+# zstd's match finder for byte planes: a 128 KiB window, a small hash table and 7-byte matches at least. An
+# exponent plane is a few symbols repeated: level 1's own settings took it at ~250 MB/s to 0.37 of its size,
+# these at ~600 MB/s to 0.34 (a decoder then holds 128 KiB of window, not 512 KiB or more).
+PLANE_PARAMS = {"window_log": 17, "hash_log": 6, "min_match": 7}
+ONE_SHOT_MAX = 64 << 20  # a whole entry up to this logical size is inflated in one call (decompress_exact)
 
 # A writer that compresses only where it pays tries the file's first TRIAL_BYTES (or the whole file, if
 # smaller) and keeps compression if they shrank to PAYS of their size or less; else the file is stored raw.
@@ -51,20 +57,27 @@ def planes_for(width: int) -> str:
     return next((name for name, w in PLANES.items() if w == width), ZSTD)
 
 
-def split_planes(block: bytes, width: int) -> bytes:
+def split_planes(block: bytes | memoryview, width: int) -> bytes:
     """One block's bytes regrouped into `width` planes (its last ``len % width`` bytes kept in place)."""
-    body = len(block) // width * width
-    return b"".join([block[k:body:width] for k in range(width)]) + block[body:]
+    data = np.frombuffer(block, dtype=np.uint8)
+    body = len(data) // width * width
+    planes = data[:body].reshape(-1, width).T.tobytes()  # C order of the transpose: plane after plane
+    return planes + data[body:].tobytes()
 
 
-def join_planes(data: bytes | bytearray, width: int) -> bytes:
+def join_planes(data: bytes | bytearray | memoryview, width: int) -> bytes:
     """The inverse of split_planes: one block's planes back into its elements."""
-    n = len(data) // width
-    out = bytearray(len(data))
-    for k in range(width):
-        out[k : n * width : width] = data[k * n : (k + 1) * n]
-    out[n * width :] = data[n * width :]
-    return bytes(out)
+    flat = np.frombuffer(data, dtype=np.uint8)
+    body = len(flat) // width * width
+    return flat[:body].reshape(width, -1).T.tobytes() + flat[body:].tobytes()
+
+
+def _join_all_planes(data: bytes, width: int) -> bytes:
+    """A whole file's logical bytes from its decompressed planes, block by block (split_planes' blocks)."""
+    if len(data) <= PLANE_BLOCK:
+        return join_planes(data, width)
+    view = memoryview(data)
+    return b"".join([join_planes(view[i : i + PLANE_BLOCK], width) for i in range(0, len(view), PLANE_BLOCK)])
 
 
 class _Blocks:
@@ -102,7 +115,11 @@ class StreamCompressor:
         self.kind = kind
         self._width = PLANES.get(kind, 0)
         self._blocks = _Blocks() if self._width else None
-        self._cobj = zstandard.ZstdCompressor(level=level, threads=-1).compressobj()
+        if self._width:
+            params = zstandard.ZstdCompressionParameters.from_level(level, threads=-1, **PLANE_PARAMS)
+            self._cobj = zstandard.ZstdCompressor(compression_params=params).compressobj()
+        else:
+            self._cobj = zstandard.ZstdCompressor(level=level, threads=-1).compressobj()
 
     def compress(self, chunk: bytes | memoryview) -> bytes:
         if self._blocks is None:
@@ -179,7 +196,50 @@ class ExactDecompressor:
 
 
 def decompress_exact(data: bytes, logical_size: int, kind: str = ZSTD) -> bytes:
-    """A whole stored entry in memory -> its logical bytes (bounded; see ExactDecompressor)."""
+    """A whole stored entry in memory -> its logical bytes (bounded; see ExactDecompressor). Up to ONE_SHOT_MAX,
+    in one call that cannot allocate more than the logical size, when the entry is sound; anything else is
+    taken through ExactDecompressor, whose refusal names what is wrong."""
+    check_compression(kind)
+    width = PLANES.get(kind, 0)
+    if 0 < logical_size <= ONE_SHOT_MAX:
+        out = _one_shot(data, logical_size)
+        if out is not None:
+            return _join_all_planes(out, width) if width else out
     decoder = ExactDecompressor(logical_size, kind)
     out = b"".join(decoder.feed(data))
     return out + decoder.finish()
+
+
+def _one_shot(data: bytes, logical_size: int) -> bytes | None:
+    """The frame in `data` inflated in one call, if it is exactly one frame inflating to exactly `logical_size`
+    bytes; None otherwise (the caller finds out why). A frame that declares its content size is inflated only
+    if it declares the logical size; one that does not gets an output buffer of the logical size, no more."""
+    try:
+        declared = zstandard.frame_content_size(data)
+        if declared not in (zstandard.CONTENTSIZE_UNKNOWN, logical_size) or _frame_end(data) != len(data):
+            return None
+        out = zstandard.ZstdDecompressor().decompress(
+            data, max_output_size=logical_size, read_across_frames=False, allow_extra_data=False
+        )
+    except (zstandard.ZstdError, ValueError):
+        return None
+    return out if len(out) == logical_size else None
+
+
+_RAW, _RLE, _COMPRESSED = 0, 1, 2
+
+
+def _frame_end(data: bytes) -> int:
+    """Where the zstd frame at the start of `data` ends, from its header and its blocks' headers (a block:
+    3 bytes of header, then its size in bytes, one byte for an RLE block); -1 if it runs past the end."""
+    pos = zstandard.frame_header_size(data)
+    checksum = zstandard.get_frame_parameters(data).has_checksum
+    while pos + 3 <= len(data):
+        header = int.from_bytes(data[pos : pos + 3], "little")
+        last, kind, size = header & 1, (header >> 1) & 3, header >> 3
+        pos += 3 + (1 if kind == _RLE else size)
+        if kind not in (_RAW, _RLE, _COMPRESSED):
+            return -1
+        if last:
+            return pos + (4 if checksum else 0)
+    return -1
