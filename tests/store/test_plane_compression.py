@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from rlckpt.errors import CorruptBundleError
 from rlckpt.store import BundleStore
+from rlckpt.store.io import compression as compression_module
 from rlckpt.store.io.compression import (
     PAYS,
     PLANE_BLOCK,
@@ -131,3 +132,23 @@ def test_planes_are_checked_as_one_zstd_frame_of_the_logical_size():
     frame = zstandard.compress(b"\1" * 100)
     with pytest.raises(ValueError, match="100 bytes, the manifest says 101"):
         decompress_exact(frame, 101, "zstd-planes2")
+
+
+@pytest.mark.parametrize("kind", ["zstd", "zstd-planes2"])
+def test_a_sound_entry_is_inflated_in_one_call_not_streamed(kind, monkeypatch):
+    data = low_entropy_floats(3 * PLANE_BLOCK + 1, 2)
+    compressor = StreamCompressor(kind)
+    stored = compressor.compress(data[:PLANE_BLOCK]) + compressor.flush_block()
+    stored += compressor.compress(data[PLANE_BLOCK:]) + compressor.flush()
+
+    def streamed(*_args):
+        raise AssertionError("inflated through the streaming decoder")
+
+    monkeypatch.setattr(compression_module, "ExactDecompressor", streamed)
+    assert decompress_exact(stored, len(data), kind) == data
+
+
+def test_a_frame_that_declares_another_size_than_the_manifest_is_refused_without_inflating_it():
+    stored = zstandard.ZstdCompressor().compress(b"\0" * (64 << 20))  # declares its 64 MiB in its header
+    with pytest.raises(ValueError, match="logical size"):
+        decompress_exact(stored, 1000, "zstd-planes4")

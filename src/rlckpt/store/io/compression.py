@@ -215,8 +215,8 @@ def _one_shot(data: bytes, logical_size: int) -> bytes | None:
     bytes; None otherwise (the caller finds out why). A frame that declares its content size is inflated only
     if it declares the logical size; one that does not gets an output buffer of the logical size, no more."""
     try:
-        declared = zstandard.frame_content_size(data)
-        if declared not in (zstandard.CONTENTSIZE_UNKNOWN, logical_size) or _frame_end(data) != len(data):
+        declared = zstandard.frame_content_size(data)  # -1: the frame does not say
+        if declared not in (-1, logical_size) or _frame_end(data) != len(data):
             return None
         out = zstandard.ZstdDecompressor().decompress(
             data, max_output_size=logical_size, read_across_frames=False, allow_extra_data=False
