@@ -65,17 +65,21 @@ def split_planes(block: bytes | memoryview, width: int) -> bytes:
     return planes + data[body:].tobytes()
 
 
-def join_planes(data: bytes | bytearray | memoryview, width: int) -> bytes:
-    """The inverse of split_planes: one block's planes back into its elements."""
-    flat = np.frombuffer(data, dtype=np.uint8)
-    body = len(flat) // width * width
-    return flat[:body].reshape(width, -1).T.tobytes() + flat[body:].tobytes()
+def join_planes(data: bytes | bytearray | memoryview, width: int) -> bytearray:
+    """The inverse of split_planes: one block's planes back into its elements. A bytearray's strided slice
+    assignment does this at ~1 GB/s; numpy's transpose in this direction (short inner loops) at a third of it."""
+    n = len(data) // width
+    out = bytearray(len(data))
+    for k in range(width):
+        out[k : n * width : width] = data[k * n : (k + 1) * n]
+    out[n * width :] = data[n * width :]
+    return out
 
 
 def _join_all_planes(data: bytes, width: int) -> bytes:
     """A whole file's logical bytes from its decompressed planes, block by block (split_planes' blocks)."""
     if len(data) <= PLANE_BLOCK:
-        return join_planes(data, width)
+        return bytes(join_planes(data, width))
     view = memoryview(data)
     return b"".join([join_planes(view[i : i + PLANE_BLOCK], width) for i in range(0, len(view), PLANE_BLOCK)])
 
@@ -159,7 +163,7 @@ class ExactDecompressor:
                 yield out
             else:
                 for block in self._blocks.feed(out):
-                    yield join_planes(block, self._width)
+                    yield bytes(join_planes(block, self._width))
 
     def _inflate(self, chunk: bytes | memoryview) -> Iterator[bytes]:
         """The frame's bytes (planes still grouped) that `chunk` completes, bounded by the logical size."""
@@ -192,7 +196,7 @@ class ExactDecompressor:
             raise DecompressionError(f"decompresses to {self.produced} bytes, the manifest says {self.logical_size}")
         if self._blocks is None:
             return b""
-        return join_planes(self._blocks.tail(), self._width)
+        return bytes(join_planes(self._blocks.tail(), self._width))
 
 
 def decompress_exact(data: bytes, logical_size: int, kind: str = ZSTD) -> bytes:
