@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from rlckpt.checkpoint.stopping import UNMEASURED_SAVE_S
-from rlckpt.dcp import POLICY_COMPRESSIONS
+from rlckpt.dcp.writer import check_policy_compression
 from rlckpt.store import (
     BundleStore,
     Retention,
@@ -98,10 +98,7 @@ class CheckpointerConfig:
             raise ValueError(f"group_timeout_s must be a number of seconds > 0, got {self.group_timeout_s!r}")
         if self.dcp_thread_count < 1:
             raise ValueError(f"dcp_thread_count must be >= 1, got {self.dcp_thread_count}")
-        if self.compression not in (None, *POLICY_COMPRESSIONS):
-            raise ValueError(
-                f"compression must be one of {', '.join(POLICY_COMPRESSIONS)} (or None), got {self.compression!r}"
-            )
+        check_policy_compression(self.compression, ValueError)
         if self.retention.holds:
             raise ValueError("retention holds are the Checkpointer's own (a remote tier's); give rules only")
 

@@ -62,13 +62,11 @@ log = logging.getLogger(__name__)
 POLICY_COMPRESSIONS = ("off", "auto", "on")
 
 
-def check_policy_compression(mode: str | None) -> str:
-    """`mode` as one of POLICY_COMPRESSIONS (None is "off"); ShardedCheckpointError otherwise."""
+def check_policy_compression(mode: str | None, error: type[Exception] = ShardedCheckpointError) -> str:
+    """`mode` as one of POLICY_COMPRESSIONS (None is "off"); `error` otherwise (configs raise ValueError)."""
     mode = "off" if mode is None else mode
     if mode not in POLICY_COMPRESSIONS:
-        raise ShardedCheckpointError(
-            f"compression must be one of {', '.join(POLICY_COMPRESSIONS)} (or None), got {mode!r}"
-        )
+        raise error(f"compression must be one of {', '.join(POLICY_COMPRESSIONS)} (or None), got {mode!r}")
     return mode
 
 

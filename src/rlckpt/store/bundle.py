@@ -128,7 +128,7 @@ class Bundle:
             stored = bytearray()
             self._stream_stored(relpath, stored.extend, progress)
             kind = entry.compression
-            sink(self._inflate(relpath, lambda: decompress_exact(bytes(stored), entry.logical_size, kind)))
+            sink(self._inflate(relpath, lambda: decompress_exact(stored, entry.logical_size, kind)))
             return
         decoder = ExactDecompressor(entry.logical_size, entry.compression)
         problems: list[DecompressionError] = []

@@ -116,14 +116,11 @@ class StreamCompressor:
 
     def __init__(self, kind: str = ZSTD, level: int = DEFAULT_LEVEL) -> None:
         check_compression(kind)
-        self.kind = kind
         self._width = PLANES.get(kind, 0)
         self._blocks = _Blocks() if self._width else None
-        if self._width:
-            params = zstandard.ZstdCompressionParameters.from_level(level, threads=-1, **PLANE_PARAMS)
-            self._cobj = zstandard.ZstdCompressor(compression_params=params).compressobj()
-        else:
-            self._cobj = zstandard.ZstdCompressor(level=level, threads=-1).compressobj()
+        tuning = PLANE_PARAMS if self._width else {}
+        params = zstandard.ZstdCompressionParameters.from_level(level, threads=-1, **tuning)
+        self._cobj = zstandard.ZstdCompressor(compression_params=params).compressobj()
 
     def compress(self, chunk: bytes | memoryview) -> bytes:
         if self._blocks is None:
@@ -156,7 +153,7 @@ class ExactDecompressor:
         self._width = PLANES.get(kind, 0)
         self._blocks = _Blocks() if self._width else None
 
-    def feed(self, chunk: bytes | memoryview) -> Iterator[bytes]:
+    def feed(self, chunk: bytes | bytearray | memoryview) -> Iterator[bytes]:
         """The logical bytes that `chunk` (the next stored bytes) completes."""
         for out in self._inflate(chunk):
             if self._blocks is None:
@@ -165,7 +162,7 @@ class ExactDecompressor:
                 for block in self._blocks.feed(out):
                     yield bytes(join_planes(block, self._width))
 
-    def _inflate(self, chunk: bytes | memoryview) -> Iterator[bytes]:
+    def _inflate(self, chunk: bytes | bytearray | memoryview) -> Iterator[bytes]:
         """The frame's bytes (planes still grouped) that `chunk` completes, bounded by the logical size."""
         view = memoryview(chunk).cast("B")
         pos = 0
@@ -199,7 +196,7 @@ class ExactDecompressor:
         return bytes(join_planes(self._blocks.tail(), self._width))
 
 
-def decompress_exact(data: bytes, logical_size: int, kind: str = ZSTD) -> bytes:
+def decompress_exact(data: bytes | bytearray, logical_size: int, kind: str = ZSTD) -> bytes:
     """A whole stored entry in memory -> its logical bytes (bounded; see ExactDecompressor). Up to ONE_SHOT_MAX,
     in one call that cannot allocate more than the logical size, when the entry is sound; anything else is
     taken through ExactDecompressor, whose refusal names what is wrong."""
@@ -214,7 +211,7 @@ def decompress_exact(data: bytes, logical_size: int, kind: str = ZSTD) -> bytes:
     return out + decoder.finish()
 
 
-def _one_shot(data: bytes, logical_size: int) -> bytes | None:
+def _one_shot(data: bytes | bytearray, logical_size: int) -> bytes | None:
     """The frame in `data` inflated in one call, if it is exactly one frame inflating to exactly `logical_size`
     bytes; None otherwise (the caller finds out why). A frame that declares its content size is inflated only
     if it declares the logical size; one that does not gets an output buffer of the logical size, no more."""
@@ -233,7 +230,7 @@ def _one_shot(data: bytes, logical_size: int) -> bytes | None:
 _RAW, _RLE, _COMPRESSED = 0, 1, 2
 
 
-def _frame_end(data: bytes) -> int:
+def _frame_end(data: bytes | bytearray) -> int:
     """Where the zstd frame at the start of `data` ends, from its header and its blocks' headers (a block:
     3 bytes of header, then its size in bytes, one byte for an RLE block); -1 if it runs past the end."""
     pos = zstandard.frame_header_size(data)
