@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from rlckpt.checkpoint.stopping import UNMEASURED_SAVE_S
-from rlckpt.dcp.writer import check_policy_compression
+from rlckpt.dcp import check_policy_compression
 from rlckpt.store import (
     BundleStore,
     Retention,

@@ -10,7 +10,7 @@ from rlckpt.checkpoint.stopping import DEFAULT_GRACE_S, UNMEASURED_SAVE_S
 from rlckpt.controller.ranks.capacity import check_rank_resources
 from rlckpt.controller.stopping import ABORT_WAIT_S
 from rlckpt.dataplane.tq_client import DEFAULT_TQ_CONFIG
-from rlckpt.dcp.writer import check_policy_compression
+from rlckpt.dcp import check_policy_compression
 from rlckpt.grpo import GRPOConfig
 from rlckpt.store import (
     BundleStore,
@@ -116,7 +116,7 @@ class TrainConfig:
             )
         if self.save_failure not in ("stop", "continue"):
             raise ValueError(f"save_failure must be 'stop' or 'continue', got {self.save_failure!r}")
-        check_policy_compression(self.compress_policy, ValueError)
+        check_policy_compression(self.compress_policy, ValueError, "compress_policy")
         if self.trainer_resources is not None:  # what Ray would refuse only once the ranks start
             self.trainer_resources = check_rank_resources(self.trainer_resources)
         if self.metric is not None and self.metric not in RUN_METRICS:

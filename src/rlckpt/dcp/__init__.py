@@ -12,6 +12,6 @@ torch; the store (rlckpt.store) does not.
 """
 
 from .reader import BundleStorageReader
-from .writer import POLICY_COMPRESSIONS, BundleStorageWriter
+from .writer import POLICY_COMPRESSIONS, BundleStorageWriter, check_policy_compression
 
-__all__ = ["POLICY_COMPRESSIONS", "BundleStorageReader", "BundleStorageWriter"]
+__all__ = ["POLICY_COMPRESSIONS", "BundleStorageReader", "BundleStorageWriter", "check_policy_compression"]

@@ -62,11 +62,14 @@ log = logging.getLogger(__name__)
 POLICY_COMPRESSIONS = ("off", "auto", "on")
 
 
-def check_policy_compression(mode: str | None, error: type[Exception] = ShardedCheckpointError) -> str:
-    """`mode` as one of POLICY_COMPRESSIONS (None is "off"); `error` otherwise (configs raise ValueError)."""
+def check_policy_compression(
+    mode: str | None, error: type[Exception] = ShardedCheckpointError, what: str = "compression"
+) -> str:
+    """`mode` as one of POLICY_COMPRESSIONS (None is "off"); otherwise `error` naming the option `what` (configs
+    raise ValueError naming their own field)."""
     mode = "off" if mode is None else mode
     if mode not in POLICY_COMPRESSIONS:
-        raise error(f"compression must be one of {', '.join(POLICY_COMPRESSIONS)} (or None), got {mode!r}")
+        raise error(f"{what} must be one of {', '.join(POLICY_COMPRESSIONS)} (or None), got {mode!r}")
     return mode
 
 
