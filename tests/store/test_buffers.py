@@ -53,3 +53,13 @@ def test_sizes_are_rounded_up_so_reads_of_about_one_size_share_a_buffer():
     assert len(first) == 2 * SIZE_STEP
     pool.give(first)
     assert pool.take(2 * SIZE_STEP - 5) is first
+
+
+def test_reused_counts_the_takes_an_idle_buffer_served_and_no_others():
+    pool = BufferPool()
+    first = pool.take(3 * SIZE_STEP)
+    pool.take(3 * SIZE_STEP)  # nothing idle yet: a new one
+    pool.give(first)
+    pool.take(2 * SIZE_STEP)  # the idle one fits
+    pool.take(5 * SIZE_STEP)  # nothing idle fits
+    assert pool.reused == 1

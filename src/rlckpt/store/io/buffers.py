@@ -23,7 +23,7 @@ class BufferPool:
     their total stays within it (the smallest make room), and one larger buffer at most, the newest (a file
     that large is read alone, so one is all the next such file needs). A buffer must not be used once it is
     given back. `lent_bytes` is what is lent out now, `peak_lent` the most that ever was (what a reader's
-    bound is checked against)."""
+    bound is checked against), `reused` how many takes an idle buffer served."""
 
     def __init__(self, max_idle: int = POOL_MAX_IDLE) -> None:
         self.max_idle = max_idle
@@ -31,12 +31,14 @@ class BufferPool:
         self._large: bytearray | None = None  # the newest idle buffer above max_idle
         self._lent = 0
         self.peak_lent = 0
+        self.reused = 0
         self._lock = threading.Lock()
 
     def take(self, size: int) -> bytearray:
         """A buffer of at least `size` bytes (its contents are whatever the last user left)."""
         with self._lock:
             buf = self._take_idle(size)
+            self.reused += buf is not None
         if buf is None:
             buf = bytearray(-(-max(size, 1) // SIZE_STEP) * SIZE_STEP)
         with self._lock:
