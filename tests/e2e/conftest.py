@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from rlckpt.dataplane.cluster_reaper import CLUSTER_ENV, reap
 from support.train_cli import run_train
 
 
@@ -47,3 +49,42 @@ def straight_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> di
         summary["seconds"] = time.monotonic() - started
         done.write_text(json.dumps(summary))
         return summary
+
+
+@pytest.fixture(scope="session")
+def shared_ray() -> Iterator[str]:
+    """The address of one Ray cluster (head node only, on loopback) that this worker's runs which test nothing
+    of a cluster's own life join with --ray-address: each still starts its own TransferQueue and actors, and
+    they end with it, as jobs on a long-lived cluster do; what they share is Ray's own processes, whose start
+    and stop cost each private run ≈7 core-s and ≈6 s. Its processes carry the reaper's mark (killed after)."""
+    from ray.cluster_utils import Cluster
+
+    import rlckpt.dataplane.ray_cluster  # noqa: F401  # sets Ray's environment before the head starts
+
+    temp_dir = tempfile.mkdtemp(prefix="rlckpt-e2e-shared-", dir="/tmp")
+    os.mkdir(os.path.join(temp_dir, "ray"))  # where Cluster writes the head's address (RAY_TMPDIR below)
+    marks = {"RAY_TMPDIR": temp_dir, CLUSTER_ENV: temp_dir}
+    before = {name: os.environ.get(name) for name in marks}
+    os.environ.update(marks)  # the head's processes inherit them; the runs started later do not
+    try:
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 4,
+                "node_ip_address": "127.0.0.1",
+                "include_dashboard": False,
+                "temp_dir": temp_dir,
+            },
+        )
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    try:
+        yield cluster.address
+    finally:
+        cluster.shutdown()
+        reap(temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)

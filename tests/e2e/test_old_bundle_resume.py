@@ -1,7 +1,8 @@
 """`rlckpt train` resumes bundles older rlckpt versions wrote (tests/fixtures/, made by the old code: see
-the README there) on a fresh Ray cluster: from the state the old run saved, and on deterministically.
+the README there) with a fresh TransferQueue: from the state the old run saved, and on deterministically.
 
-Each run starts its own Ray cluster and TransferQueue (≈30-45 s, more on a loaded machine).
+Each run starts its own TransferQueue and actors (≈25-45 s, more on a loaded machine) on the worker's shared
+Ray cluster (``shared_ray``, tests/e2e/conftest.py).
 """
 
 from __future__ import annotations
@@ -23,12 +24,16 @@ FORMAT_2 = OldBundle(FIXTURES / "run_format_2", 2)
 
 
 @pytest.fixture(scope="module")
-def resumed_at_one_rank(tmp_path_factory) -> dict[int, dict]:
+def resumed_at_one_rank(tmp_path_factory, shared_ray) -> dict[int, dict]:
     """The in-order fixtures of formats 1 and 2 (the same policy and loader bytes) each resumed to step 4 at
     one trainer rank, as the old code resumed them."""
     return {
         old.run_format: run_train(
-            old.copy_run(tmp_path_factory.mktemp(f"format-{old.run_format}")), 4, "--trainer-ranks", "1"
+            old.copy_run(tmp_path_factory.mktemp(f"format-{old.run_format}")),
+            4,
+            "--trainer-ranks",
+            "1",
+            ray_address=shared_ray,
         )
         for old in (FORMAT_1, FORMAT_2)
     }
@@ -55,9 +60,9 @@ def test_bundles_of_both_old_formats_holding_one_state_resume_to_the_same_weight
     assert resumed_at_one_rank[1]["trained_draws"] == resumed_at_one_rank[2]["trained_draws"]
 
 
-def test_an_async_format_1_bundle_with_rows_in_transferqueue_resumes_losing_no_prompt(tmp_path):
+def test_an_async_format_1_bundle_with_rows_in_transferqueue_resumes_losing_no_prompt(tmp_path, shared_ray):
     old = FORMAT_1_ASYNC.summary()
-    resumed = run_train(FORMAT_1_ASYNC.copy_run(tmp_path), 4, "--mode", "async")
+    resumed = run_train(FORMAT_1_ASYNC.copy_run(tmp_path), 4, "--mode", "async", ray_address=shared_ray)
     assert resumed["resumed_from"] == SAVED_STEP
     assert resumed["start_policy_sha256"] == old["policy_sha256"]
     trained = old["trained_draws"] + resumed["trained_draws"]

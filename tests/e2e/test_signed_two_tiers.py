@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def lost_machine(straight_run, tmp_path_factory, s3_storage_options, _s3_admin_fs) -> dict[str, Any]:
+def lost_machine(straight_run, tmp_path_factory, s3_storage_options, _s3_admin_fs, shared_ray) -> dict[str, Any]:
     """The scenario, run once: first 0 → 4 signed on two tiers, the intruder's step 6 on S3, the local tier
     wiped, then 4 → 8 on a fresh machine with the verify key."""
     home = tmp_path_factory.mktemp("signed-two-tiers")
@@ -34,13 +34,15 @@ def lost_machine(straight_run, tmp_path_factory, s3_storage_options, _s3_admin_f
     local = str(home / "nvme" / "run")
     tiers = ["--replicate-to", s3_url, "--replicate-storage-options", json.dumps(s3_storage_options)]
     signed = ["--signing-key", keys.signing_key]
-    first = run_train(local, 4, *tiers, *signed)
+    first = run_train(local, 4, *tiers, *signed, ray_address=shared_ray)
     first_local = BundleStore(local)
     local_records_4 = first_local.records(4)
     s3 = BundleStore(s3_url, s3_storage_options)
     recommit_bundle(BundleStore(straight_run["run_dir"]), 6, s3)  # intact, consistent, and not signed by the run
     shutil.rmtree(local)  # a fresh machine: nothing on its NVMe
-    second = run_train(local, 8, *tiers, *signed, "--verify-key", keys.verify_key)  # two trainer ranks
+    second = run_train(  # two trainer ranks, a fresh TransferQueue
+        local, 8, *tiers, *signed, "--verify-key", keys.verify_key, ray_address=shared_ray
+    )
     return {
         "first": first,
         "second": second,

@@ -1,7 +1,8 @@
-"""`rlckpt train` end to end: real TransferQueue on a private Ray cluster per process.
+"""`rlckpt train` end to end: real TransferQueue and trainer ranks.
 
-Each run is a new process with a fresh Ray cluster, as a resume on a new machine would be
-(≈30-45 s each: Ray and TransferQueue start-up dominate), so these tests share runs where they can.
+Each run is a new process with its own TransferQueue and actors, as a resume on a new machine would be
+(≈25-45 s each: their start-up dominates), so these tests share runs where they can. Runs a test kills have
+a private Ray cluster each; the others join the worker's shared one (``shared_ray``, tests/e2e/conftest.py).
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -23,7 +23,7 @@ POLICY_SHARD = "policy/__1_0.distcp"  # rank 1's shard file in a bundle of two t
 
 
 def test_in_order_resume_from_s3_with_an_empty_staging_dir_is_exact(
-    straight_run, tmp_path, s3_run_url, s3_storage_options
+    straight_run, tmp_path, s3_run_url, s3_storage_options, shared_ray
 ):
     """Bundle 4 of the uninterrupted run, taken while it trained on (rollouts in flight) and copied to S3 as
     the same bundle (`rlckpt copy`'s way), is all a fresh cluster with an empty staging dir gets: resumed
@@ -33,18 +33,20 @@ def test_in_order_resume_from_s3_with_an_empty_staging_dir_is_exact(
     copy_bundle(BundleStore(straight_run["run_dir"]), 4, BundleStore(s3_run_url, s3_storage_options))
     staging = tmp_path / "fresh-machine-staging"
     staging.mkdir()
-    second = run_train(s3_run_url, 8, "--storage-options", options, "--staging-dir", str(staging))
+    second = run_train(
+        s3_run_url, 8, "--storage-options", options, "--staging-dir", str(staging), ray_address=shared_ray
+    )
     assert second["resumed_from"] == 4
     assert second["policy_sha256"] == straight_run["policy_sha256"]
     assert second["trained_draws"] == straight_run["trained_draws"][len(straight_run["trained_draws"]) // 2 :]
     assert BundleStore(s3_run_url, s3_storage_options).steps() == [4, 6, 8]
 
 
-def test_a_corrupt_newest_bundle_is_skipped_loudly_and_the_run_still_ends_exact(straight_run, tmp_path):
+def test_a_corrupt_newest_bundle_is_skipped_loudly_and_the_run_still_ends_exact(straight_run, tmp_path, shared_ray):
     run_dir = copy_run_dir(straight_run, tmp_path)  # bundles 2, 4, 6, 8
     corrupt_file(BundleStore(run_dir), 8, POLICY_SHARD, "flip")
     pinned = subprocess.run(
-        [sys.executable, "-m", "rlckpt.cli.main", "train", "--run-dir", run_dir, "--steps", "8", "--resume-step", "8"],
+        train_command(run_dir, 8, "--resume-step", "8", "--ray-address", shared_ray),
         capture_output=True,
         text=True,
         timeout=RUN_TIMEOUT_S,
@@ -52,7 +54,7 @@ def test_a_corrupt_newest_bundle_is_skipped_loudly_and_the_run_still_ends_exact(
     )
     assert pinned.returncode == 3, pinned.stderr[-2000:]
     assert "cannot resume step 8" in pinned.stderr and POLICY_SHARD in pinned.stderr
-    resumed = run_train(run_dir, 8)  # a fresh cluster, from local disk
+    resumed = run_train(run_dir, 8, ray_address=shared_ray)  # a fresh TransferQueue, from local disk
     assert resumed["resumed_from"] == 6
     assert [b["step"] for b in resumed["skipped_bundles"]] == [8]
     assert POLICY_SHARD in resumed["skipped_bundles"][0]["reason"]
@@ -62,10 +64,10 @@ def test_a_corrupt_newest_bundle_is_skipped_loudly_and_the_run_still_ends_exact(
     assert resumed["bundles"] == [2, 4, 6, 8]  # step 8 saved anew; the corrupt one kept in _quarantine/
 
 
-def test_async_restart_loses_no_prompt_and_trains_none_twice(tmp_path):
+def test_async_restart_loses_no_prompt_and_trains_none_twice(tmp_path, shared_ray):
     run_dir = str(tmp_path / "run")
-    first = run_train(run_dir, 4, "--mode", "async", "--max-staleness", "2")
-    second = run_train(run_dir, 8, "--mode", "async", "--max-staleness", "2")
+    first = run_train(run_dir, 4, "--mode", "async", "--max-staleness", "2", ray_address=shared_ray)
+    second = run_train(run_dir, 8, "--mode", "async", "--max-staleness", "2", ray_address=shared_ray)
     trained = first["trained_draws"] + second["trained_draws"]
     assert len(trained) == len(set(trained)), "a prompt was trained twice"
     assert sorted(trained + second["unconsumed_draws"]) == list(range(second["drawn"])), "a prompt was lost"
@@ -101,7 +103,7 @@ def _start_held_run(
     return proc, log
 
 
-def test_sigkill_while_a_save_uploads_in_the_background_resumes_from_the_previous_bundle(tmp_path, ray_dir):
+def test_sigkill_while_a_save_uploads_in_the_background_resumes_from_the_previous_bundle(tmp_path, ray_dir, shared_ray):
     """Saves are async: save 4 is held before its COMMIT while training goes on, and the whole
     process tree is SIGKILLed then. The next run resumes from step 2 and saves 4 anew."""
     run_dir = str(tmp_path / "run")
@@ -111,7 +113,7 @@ def test_sigkill_while_a_save_uploads_in_the_background_resumes_from_the_previou
     assert store.latest() == 2, "the killed save must not be visible"
     assert any(e.step == 4 and e.state != "committed" for e in store.entries())
 
-    resumed = run_train(run_dir, 6)
+    resumed = run_train(run_dir, 6, ray_address=shared_ray)
     assert resumed["resumed_from"] == 2 and resumed["step"] == 6
     assert resumed["bundles"] == [2, 4, 6]
     for step in resumed["bundles"]:

@@ -37,7 +37,7 @@ def _saved_policy_sha256(run_dir: str, step: int, options: dict | None = None) -
     return asyncio.run(trainer.policy_sha256())
 
 
-def test_a_rank_killed_mid_save_commits_nothing_and_the_run_resumes_at_one_rank(tmp_path):
+def test_a_rank_killed_mid_save_commits_nothing_and_the_run_resumes_at_one_rank(tmp_path, shared_ray):
     run_dir = str(tmp_path / "run")
     killed = subprocess.run(  # rank 1 exits (os._exit) while writing its shards of step 4
         _cmd(run_dir, 6, module="support.rank_faults", prefix=("4", "1", "exit")),
@@ -55,7 +55,8 @@ def test_a_rank_killed_mid_save_commits_nothing_and_the_run_resumes_at_one_rank(
     assert store.steps() == [2], "the save the rank died in must not be visible"
     saved = _saved_policy_sha256(run_dir, 2)
 
-    resumed = run_train(run_dir, 6, "--trainer-ranks", "1")  # a clean resume, at another world size
+    # a clean resume, at another world size
+    resumed = run_train(run_dir, 6, "--trainer-ranks", "1", ray_address=shared_ray)
     assert resumed["resumed_from"] == 2 and resumed["step"] == 6
     assert resumed["start_policy_sha256"] == saved  # the loaded full state is the saved one, bit for bit
     assert resumed["bundles"] == [2, 4, 6]

@@ -22,7 +22,7 @@ from support.train_cli import RUN_TIMEOUT_S, train_command
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]
 
 
-def test_rlckpt_train_refuses_a_policy_item_that_runs_code_before_it_runs(tmp_path):
+def test_rlckpt_train_refuses_a_policy_item_that_runs_code_before_it_runs(tmp_path, shared_ray):
     run_dir = str(tmp_path / "run")
     config = TrainConfig(run_dir=run_dir, steps=2, save_every=2)  # the CLI's defaults, trained in-process
     asyncio.run(run_in_process(config))
@@ -36,7 +36,8 @@ def test_rlckpt_train_refuses_a_policy_item_that_runs_code_before_it_runs(tmp_pa
     policy |= {rel: scratch.open(1).read_bytes(rel) for rel in scratch.open(1).files_under(layout.POLICY_DIR)}
     forge_step(store, 2, 4, policy)
 
-    proc = subprocess.run(train_command(run_dir, 6), capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
+    cmd = train_command(run_dir, 6, "--ray-address", shared_ray)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
     assert proc.returncode != 0, proc.stderr[-2000:]
     assert "item 'trainer': refused to unpickle" in proc.stderr and "exec, which is not allowed" in proc.stderr
     assert not marker.exists()

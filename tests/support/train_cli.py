@@ -47,9 +47,13 @@ def train_command(
     return cmd
 
 
-def run_train(run_dir: str, steps: int, *extra: str, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run `rlckpt train ... --json` to completion; its summary. AssertionError with the stderr tail if it fails."""
-    cmd = train_command(run_dir, steps, *extra, "--json")
+def run_train(
+    run_dir: str, steps: int, *extra: str, env: dict[str, str] | None = None, ray_address: str | None = None
+) -> dict[str, Any]:
+    """Run `rlckpt train ... --json` to completion (on the Ray cluster at ``ray_address``, else on a private
+    one); its summary. AssertionError with the stderr tail if it fails."""
+    joined = ("--ray-address", ray_address) if ray_address else ()
+    cmd = train_command(run_dir, steps, *extra, *joined, "--json")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env, check=False)
     assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
     summary: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
