@@ -308,11 +308,16 @@ def test_a_wait_that_times_out_as_rank_0_decides_to_commit_aborts_the_save(run, 
 
 
 def test_a_wait_that_times_out_once_the_commit_began_returns_the_committed_save(run):
+    """The other side of the race: the wait gives up (``abandon``) while rank 0's COMMIT is held under way,
+    so it finds the save committing, waits for that and returns its outcome; the COMMIT is let go only once
+    the wait has given up, so the outcome cannot come the ordinary way first."""
     trainer = Trainer()
     with _checkpointer(run) as ckpt, PauseAt(BundleTransaction, "commit") as commit:
         ckpt.save(2, trainer.state())
         commit.wait_reached()  # COMMIT is under way
-        waiting = Background(ckpt.wait, 0)
+        with PauseAt(Saver, "abandon") as giving_up:
+            waiting = Background(ckpt.wait, 0)
+            giving_up.wait_reached()  # the wait timed out with the save still in flight
         commit.release()
         assert waiting.result().step == 2
     assert _store(run).steps() == [2]
