@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -29,8 +31,12 @@ from support.train_cli import RUN_TIMEOUT_S, job_processes, kill_run, run_train,
 
 pytestmark = pytest.mark.slow
 ACKNOWLEDGED = "saving at the next safe point"  # the driver has handed the stop to the controller
-DEADLINE_AFTER_S = 60.0  # the deadline test's deadline: this long after a whole uninterrupted run would end (20 s
-# was too little on a clean clone: with both workers busy the run had not trained step 1 by then)
+DEADLINE_AFTER_S = 90.0  # the deadline test's deadline: this long after a whole uninterrupted run would end (20 s
+# was too little on a clean clone: with both workers busy the run had not trained step 1 by then). Its run waits
+# for it beside the module's other tests (deadline_run), so a wide margin costs no time.
+
+
+DEADLINE_TEST = "test_a_deadline_a_few_steps_ahead_saves_once_and_stops_cleanly"
 
 
 @dataclass
@@ -76,28 +82,27 @@ class GatedProcess:
         return result
 
 
+def _start_gated(home: Path, ray_dir: str, points: str, run_dir: str, steps: int, *extra: str) -> GatedProcess:
+    """`rlckpt train --json ...` on a private cluster in ``ray_dir``, with gates ``POINT:STEP,...`` in
+    ``home/gates`` and its output in ``home``."""
+    gates = home / "gates"
+    gates.mkdir()
+    cmd = train_command(
+        run_dir, steps, "--json", "--ray-temp-dir", ray_dir, *extra, module="support.gates", prefix=(str(gates), points)
+    )
+    out, err = home / "run.out", home / "run.err"
+    with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, start_new_session=True)
+    return GatedProcess(proc, gates, out, err)
+
+
 @pytest.fixture
 def start_gated(tmp_path, ray_dir) -> Iterator[Callable[..., GatedProcess]]:
     """Start `rlckpt train --json ...` with gates ``POINT:STEP,...``; whatever is left of it is killed after."""
     started: list[GatedProcess] = []
 
     def start(points: str, run_dir: str, steps: int, *extra: str) -> GatedProcess:
-        gates = tmp_path / "gates"
-        gates.mkdir()
-        cmd = train_command(
-            run_dir,
-            steps,
-            "--json",
-            "--ray-temp-dir",
-            ray_dir,
-            *extra,
-            module="support.gates",
-            prefix=(str(gates), points),
-        )
-        out, err = tmp_path / "run.out", tmp_path / "run.err"
-        with open(out, "wb") as stdout, open(err, "wb") as stderr:
-            proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, start_new_session=True)
-        started.append(GatedProcess(proc, gates, out, err))
+        started.append(_start_gated(tmp_path, ray_dir, points, run_dir, steps, *extra))
         return started[-1]
 
     yield start
@@ -120,8 +125,29 @@ def straight(straight_run) -> Straight:
     return Straight(straight_run, straight_run["seconds"])
 
 
+@pytest.fixture(scope="module", autouse=True)
+def deadline_run(request, straight, tmp_path_factory) -> Iterator[tuple[GatedProcess, str] | None]:
+    """The deadline test's run, started before the module's first test: it spends most of its life waiting
+    for its deadline (batch 3 is never generated), and that wait goes on beside the other tests' runs rather
+    than in a test of its own. Not started when that test is not selected; killed after the module if it is
+    still running."""
+    if not any(item.name == DEADLINE_TEST for item in request.session.items):
+        yield None
+        return
+    home = tmp_path_factory.mktemp("deadline")
+    ray_dir = tempfile.mkdtemp(prefix="rlckpt-e2e-ray-", dir="/tmp")
+    run_dir = str(home / "run")
+    deadline_s = straight.seconds + DEADLINE_AFTER_S
+    run = _start_gated(home, ray_dir, "generate:3", run_dir, 8, "--save-by-seconds", f"{deadline_s:.0f}")
+    try:
+        yield run, run_dir
+    finally:
+        kill_run(run.proc, ray_dir)
+        shutil.rmtree(ray_dir, ignore_errors=True)
+
+
 def test_sigterm_during_a_background_upload_on_s3_saves_the_step_reached_and_the_resume_is_bit_identical(
-    straight, start_gated, s3_run_url, s3_storage_options
+    straight, start_gated, s3_run_url, s3_storage_options, shared_ray
 ):
     """The trainer ranks are held inside their write of step 4's policy (saves are async: training goes
     on) when SIGTERM comes. The gate opens once the controller has the stop: save 4 is finished, not
@@ -145,7 +171,9 @@ def test_sigterm_during_a_background_upload_on_s3_saves_the_step_reached_and_the
     files = BundleStore(s3_run_url, s3_storage_options).open(reached).manifest.files
     assert "zstd-planes4" in {e.compression for rel, e in files.items() if rel.startswith("policy/__")}
 
-    resumed = run_train(s3_run_url, 8, "--storage-options", options, "--compress-policy", "auto")
+    resumed = run_train(
+        s3_run_url, 8, "--storage-options", options, "--compress-policy", "auto", ray_address=shared_ray
+    )
     assert resumed["resumed_from"] == reached and resumed["stop_reason"] == "completed"
     assert resumed["policy_sha256"] == straight.summary["policy_sha256"]
     assert first["trained_draws"] + resumed["trained_draws"] == straight.summary["trained_draws"]
@@ -173,27 +201,6 @@ def test_a_second_sigterm_during_the_final_save_aborts_it_and_the_previous_bundl
     assert "resume point: 4" in run.stderr()
     store = BundleStore(run_dir)
     assert store.steps() == [2, 4] and debris(store) == []
-
-
-def test_a_deadline_a_few_steps_ahead_saves_once_and_stops_cleanly(straight, tmp_path, start_gated):
-    """Batch 3 is never generated, so the run cannot pass step 3 and waits there for the deadline. The
-    deadline is set later than a whole uninterrupted run took here (Ray's start included), so steps
-    are trained by then; the stop comes at step 3 or, if the estimate of the save calls for it, a
-    step before. Either way: the step reached is saved once, the run exits 0 and says why."""
-    run_dir = str(tmp_path / "run")
-    deadline_s = straight.seconds + DEADLINE_AFTER_S
-    run = start_gated("generate:3", run_dir, 8, "--save-by-seconds", f"{deadline_s:.0f}")
-    assert run.exit_code() == 0, run.stderr()[-3000:]
-
-    summary = run.summary()
-    reached = summary["step"]
-    assert 1 <= reached <= 3
-    assert (summary["stop_reason"], summary["last_committed_step"]) == ("deadline", reached)
-    assert summary["bundles"] == [save["step"] for save in summary["saves"]] and summary["bundles"][-1] == reached
-    assert f"rlckpt train: deadline: stopping at step {reached} to save" in run.stderr()
-    assert "a save takes" in run.stderr()  # the estimate the stop was planned with
-    assert f"rlckpt train: deadline: saved step {reached}, stopped" in run.stderr()
-    assert debris(BundleStore(run_dir)) == []
 
 
 # --- start-up, and the private cluster on every exit path ---------------------------------------
@@ -299,3 +306,26 @@ def test_a_final_save_on_a_silent_s3_is_abandoned_and_the_run_ends_while_s3_is_s
     }
     assert "step 3 was not saved within the 5s grace period; its save was abandoned" in run.stderr()
     assert BundleStore(s3_run_url, s3_storage_options).steps() == [2]
+
+
+# --- a deadline (last: its run, started with the module, has long reached it by now) ----------------------
+
+
+def test_a_deadline_a_few_steps_ahead_saves_once_and_stops_cleanly(deadline_run):
+    """Batch 3 is never generated, so the run cannot pass step 3 and waits there for the deadline. The
+    deadline is set later than a whole uninterrupted run took here (Ray's start included), so steps
+    are trained by then; the stop comes at step 3 or, if the estimate of the save calls for it, a
+    step before. Either way: the step reached is saved once, the run exits 0 and says why."""
+    assert deadline_run is not None
+    run, run_dir = deadline_run  # started with the module
+    assert run.exit_code() == 0, run.stderr()[-3000:]
+
+    summary = run.summary()
+    reached = summary["step"]
+    assert 1 <= reached <= 3
+    assert (summary["stop_reason"], summary["last_committed_step"]) == ("deadline", reached)
+    assert summary["bundles"] == [save["step"] for save in summary["saves"]] and summary["bundles"][-1] == reached
+    assert f"rlckpt train: deadline: stopping at step {reached} to save" in run.stderr()
+    assert "a save takes" in run.stderr()  # the estimate the stop was planned with
+    assert f"rlckpt train: deadline: saved step {reached}, stopped" in run.stderr()
+    assert debris(BundleStore(run_dir)) == []
