@@ -5,6 +5,8 @@ local retention that never deletes what the remote tier does not hold yet."""
 from __future__ import annotations
 
 import shutil
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -13,6 +15,7 @@ from rlckpt.store import BundleStore, Retention
 from rlckpt.tiers import BundleReplicator, ReplicationConfig
 from support.checkpointer import Trainer
 from support.dcp_ranks import bitwise_equal, quiet_dcp_warnings
+from support.outage import ONE_QUICK_ATTEMPT, Outage
 from support.pause import PauseAt
 
 quiet_dcp_warnings()
@@ -74,3 +77,40 @@ def test_local_retention_keeps_a_bundle_the_remote_tier_does_not_hold_yet(tiers)
         copy.release()
         ckpt.close()
     assert ckpt.replicated == [2]
+
+
+def _until(what: str, done: Callable[[], bool], timeout_s: float = 120.0) -> None:
+    """Wait for the background replication's outcome (polled: it is another thread's result, not a race)."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"no {what} within {timeout_s}s"
+        time.sleep(0.05)
+
+
+def test_a_remote_tier_that_refuses_every_write_fails_that_replication_and_the_next_one_catches_up(
+    tmp_path, s3_run_url, s3_storage_options
+):
+    """The remote's server goes away after save 2 was replicated: save 4 commits locally and training goes on,
+    its replication fails and `replication_failed` says why; the server is back for save 6, whose replication
+    goes through. Save 4 never reaches the remote tier, and local retention keeps it."""
+    local, trainer = str(tmp_path / "local"), Trainer()
+    with Outage(s3_storage_options["endpoint_url"]) as outage:
+        options = {**s3_storage_options, "endpoint_url": outage.endpoint, "config_kwargs": ONE_QUICK_ATTEMPT}
+        replication = ReplicationConfig(s3_run_url, options)
+        with Checkpointer(local, replication=replication, async_save=False, retention=Retention(keep_last=1)) as ckpt:
+            ckpt.save(2, trainer.state())
+            _until("replication of step 2", lambda: ckpt.replicated == [2])
+            outage.cut()
+            trainer.step(1)
+            assert ckpt.save(4, trainer.state()) is not None  # committed locally, whatever the remote does
+            _until("failed replication of step 4", lambda: 4 in ckpt.replication_failed)
+            outage.restore()
+            trainer.step(2)
+            ckpt.save(6, trainer.state())
+        failed = ckpt.replication_failed  # close() waited for the replication of 6
+    assert ckpt.replicated == [2, 6] and list(failed) == [4]
+    assert f"{s3_run_url} unavailable while beginning step 4" in failed[4] and outage.endpoint in failed[4]
+    remote = BundleStore(s3_run_url, s3_storage_options)
+    assert remote.steps() == [2, 6]
+    remote.open(6).verify()
+    assert BundleStore(local).steps() == [4, 6]  # 4 is held: the remote tier does not have it
