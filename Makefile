@@ -21,7 +21,7 @@ demo: $(STAMP)
 	bash scripts/demo.sh
 
 # Lint, format and types first (seconds), then the suite on two workers: one runs the end-to-end
-# `rlckpt train` runs (each on its own Ray cluster, mostly waiting on start-up) while the other runs
+# `rlckpt train` runs (each with its own TransferQueue and actors, mostly starting them) while the other runs
 # the rest beside it (tests/conftest.py groups them).
 test: $(STAMP) lint
 	$(PY) -m pytest -n 2 --dist loadgroup
