@@ -63,10 +63,9 @@ def shared_ray() -> Iterator[str]:
 
     temp_dir = tempfile.mkdtemp(prefix="rlckpt-e2e-shared-", dir="/tmp")
     os.mkdir(os.path.join(temp_dir, "ray"))  # where Cluster writes the head's address (RAY_TMPDIR below)
-    marks = {"RAY_TMPDIR": temp_dir, CLUSTER_ENV: temp_dir}
-    before = {name: os.environ.get(name) for name in marks}
-    os.environ.update(marks)  # the head's processes inherit them; the runs started later do not
-    try:
+    with pytest.MonkeyPatch.context() as patch:  # the head's processes inherit these; the runs started later do not
+        patch.setenv("RAY_TMPDIR", temp_dir)
+        patch.setenv(CLUSTER_ENV, temp_dir)
         cluster = Cluster(
             initialize_head=True,
             head_node_args={
@@ -76,12 +75,6 @@ def shared_ray() -> Iterator[str]:
                 "temp_dir": temp_dir,
             },
         )
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     try:
         yield cluster.address
     finally:
