@@ -12,25 +12,21 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rlckpt.dataplane.cluster_reaper import cluster_processes
 from rlckpt.store import BundleStore
-from support.gates import Gate
+from support.gated_run import GatedProcess, start_gated_run
 from support.outage import Outage
 from support.store_checks import debris
-from support.train_cli import RUN_TIMEOUT_S, job_processes, kill_run, run_train, train_command
+from support.train_cli import job_processes, kill_run, run_train
 
 pytestmark = pytest.mark.slow
-ACKNOWLEDGED = "saving at the next safe point"  # the driver has handed the stop to the controller
 DEADLINE_AFTER_S = 90.0  # the deadline test's deadline: this long after a whole uninterrupted run would end (20 s
 # was too little on a clean clone: with both workers busy the run had not trained step 1 by then). Its run waits
 # for it beside the module's other tests (deadline_run), so a wide margin costs no time.
@@ -39,70 +35,13 @@ DEADLINE_AFTER_S = 90.0  # the deadline test's deadline: this long after a whole
 DEADLINE_TEST = "test_a_deadline_a_few_steps_ahead_saves_once_and_stops_cleanly"
 
 
-@dataclass
-class GatedProcess:
-    """`rlckpt train` started with gates, its stdout and stderr in files (a full pipe would stall it)."""
-
-    proc: subprocess.Popen[bytes]
-    gates: Path
-    out: Path
-    err: Path
-
-    def gate(self, name: str) -> Gate:
-        return Gate(str(self.gates), name)
-
-    def wait_until(self, what: str, ready: Callable[[], bool], *, while_running: bool = True) -> None:
-        deadline = time.monotonic() + RUN_TIMEOUT_S  # the bound for a hang, never what a passing test waits for
-        while not ready():
-            if while_running and self.proc.poll() is not None:
-                pytest.fail(f"the run exited {self.proc.returncode} before {what}:\n{self.stderr()[-3000:]}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"no {what} within {RUN_TIMEOUT_S}s:\n{self.stderr()[-3000:]}")
-            time.sleep(0.2)
-
-    def wait_reached(self, name: str) -> None:
-        self.wait_until(f"gate {name}", self.gate(name).reached_path.exists)
-
-    def wait_acknowledged(self) -> None:
-        self.wait_until("the stop reaching the controller", lambda: ACKNOWLEDGED in self.stderr())
-
-    def sigterm(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-
-    def exit_code(self) -> int:
-        return self.proc.wait(timeout=RUN_TIMEOUT_S)
-
-    def stderr(self) -> str:
-        return self.err.read_text(errors="replace")
-
-    def summary(self) -> dict[str, Any]:
-        lines = self.out.read_text().strip().splitlines()
-        assert lines, f"no --json line on stdout:\n{self.stderr()[-3000:]}"
-        result: dict[str, Any] = json.loads(lines[-1])
-        return result
-
-
-def _start_gated(home: Path, ray_dir: str, points: str, run_dir: str, steps: int, *extra: str) -> GatedProcess:
-    """`rlckpt train --json ...` on a private cluster in ``ray_dir``, with gates ``POINT:STEP,...`` in
-    ``home/gates`` and its output in ``home``."""
-    gates = home / "gates"
-    gates.mkdir()
-    cmd = train_command(
-        run_dir, steps, "--json", "--ray-temp-dir", ray_dir, *extra, module="support.gates", prefix=(str(gates), points)
-    )
-    out, err = home / "run.out", home / "run.err"
-    with open(out, "wb") as stdout, open(err, "wb") as stderr:
-        proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, start_new_session=True)
-    return GatedProcess(proc, gates, out, err)
-
-
 @pytest.fixture
 def start_gated(tmp_path, ray_dir) -> Iterator[Callable[..., GatedProcess]]:
     """Start `rlckpt train --json ...` with gates ``POINT:STEP,...``; whatever is left of it is killed after."""
     started: list[GatedProcess] = []
 
     def start(points: str, run_dir: str, steps: int, *extra: str) -> GatedProcess:
-        started.append(_start_gated(tmp_path, ray_dir, points, run_dir, steps, *extra))
+        started.append(start_gated_run(tmp_path, points, run_dir, steps, "--ray-temp-dir", ray_dir, *extra))
         return started[-1]
 
     yield start
@@ -137,8 +76,8 @@ def deadline_run(request, straight, tmp_path_factory) -> Iterator[tuple[GatedPro
     home = tmp_path_factory.mktemp("deadline")
     ray_dir = tempfile.mkdtemp(prefix="rlckpt-e2e-ray-", dir="/tmp")
     run_dir = str(home / "run")
-    deadline_s = straight.seconds + DEADLINE_AFTER_S
-    run = _start_gated(home, ray_dir, "generate:3", run_dir, 8, "--save-by-seconds", f"{deadline_s:.0f}")
+    deadline = f"{straight.seconds + DEADLINE_AFTER_S:.0f}"
+    run = start_gated_run(home, "generate:3", run_dir, 8, "--ray-temp-dir", ray_dir, "--save-by-seconds", deadline)
     try:
         yield run, run_dir
     finally:
