@@ -5,14 +5,12 @@ local retention that never deletes what the remote tier does not hold yet."""
 from __future__ import annotations
 
 import shutil
-import time
-from collections.abc import Callable
 
 import pytest
 
 from rlckpt import Checkpointer
 from rlckpt.store import BundleStore, Retention
-from rlckpt.tiers import BundleReplicator, ReplicationConfig
+from rlckpt.tiers import BundleReplicator, ReplicationConfig, ReplicationQueue
 from support.checkpointer import Trainer
 from support.dcp_ranks import bitwise_equal, quiet_dcp_warnings
 from support.outage import ONE_QUICK_ATTEMPT, Outage
@@ -79,14 +77,6 @@ def test_local_retention_keeps_a_bundle_the_remote_tier_does_not_hold_yet(tiers)
     assert ckpt.replicated == [2]
 
 
-def _until(what: str, done: Callable[[], bool], timeout_s: float = 120.0) -> None:
-    """Wait for the background replication's outcome (polled: it is another thread's result, not a race)."""
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        assert time.monotonic() < deadline, f"no {what} within {timeout_s}s"
-        time.sleep(0.05)
-
-
 def test_a_remote_tier_that_refuses_every_write_fails_that_replication_and_the_next_one_catches_up(
     tmp_path, s3_run_url, s3_storage_options
 ):
@@ -98,12 +88,16 @@ def test_a_remote_tier_that_refuses_every_write_fails_that_replication_and_the_n
         options = {**s3_storage_options, "endpoint_url": outage.endpoint, "config_kwargs": ONE_QUICK_ATTEMPT}
         replication = ReplicationConfig(s3_run_url, options)
         with Checkpointer(local, replication=replication, async_save=False, retention=Retention(keep_last=1)) as ckpt:
-            ckpt.save(2, trainer.state())
-            _until("replication of step 2", lambda: ckpt.replicated == [2])
+            with PauseAt(ReplicationQueue, "_done", when="after") as replicated:
+                ckpt.save(2, trainer.state())
+                replicated.wait_reached()  # step 2's replication is over and recorded
+            assert ckpt.replicated == [2]
             outage.cut()
             trainer.step(1)
-            assert ckpt.save(4, trainer.state()) is not None  # committed locally, whatever the remote does
-            _until("failed replication of step 4", lambda: 4 in ckpt.replication_failed)
+            with PauseAt(ReplicationQueue, "_failed", when="after") as failed_once:
+                assert ckpt.save(4, trainer.state()) is not None  # committed locally, whatever the remote does
+                failed_once.wait_reached()  # step 4's replication has failed, and that is recorded
+            assert list(ckpt.replication_failed) == [4]
             outage.restore()
             trainer.step(2)
             ckpt.save(6, trainer.state())
