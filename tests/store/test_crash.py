@@ -104,6 +104,36 @@ def test_failure_at_every_storage_call_of_a_save_keeps_earlier_bundles(store_loc
     clean.open(3).verify()
 
 
+def test_failure_at_every_storage_call_of_a_reusing_save_keeps_every_bundle_whole(store_location, tree):
+    """A save that takes its unchanged files from the previous bundle (links on local disk, copies inside the
+    server on S3) dies at each of its storage calls: the bundle it took them from stays whole, and so does
+    the save when it reported success; gc leaves nothing behind."""
+    url, options = store_location
+    save_sample(clean_store(url, options), 1, local_dir=tree)
+    probe = make_store(url, options)
+    save_sample(probe, 3, local_dir=tree, reuse=True)
+    total = probe.fs.plan.count
+    if options:  # on S3 the two files of the tree are copies made by the server, one request each
+        assert sum(call == "copy" for call in probe.fs.plan.calls) == 2
+    clean_store(url, options).backend.delete_bundle("step_3")
+    outcomes = []
+    for k in range(1, total + 1):
+        store = make_store(url, options, FaultPlan(fail_at=k, sticky=True))
+        try:
+            save_sample(store, 3, local_dir=tree, reuse=True)
+            saved = True
+        except Exception as exc:
+            assert isinstance(exc, InjectedFault) or isinstance(exc.__cause__, InjectedFault), exc
+            saved = False
+        outcomes.append(saved)
+        clean = check_after_crash(url, options, [1], 3, saved)
+        assert clean.open(1).read_bytes("data_plane/rows-0.bin") == b"r0" * 500
+        if saved:
+            assert clean.open(3).read_bytes("data_plane/rows-1.bin") == b"r1" * 700
+            clean.backend.delete_bundle("step_3")
+    assert not all(outcomes), "no injected fault stopped the save"
+
+
 PART = 5 << 20  # S3's smallest part: a file of 2 parts and a bit uploads its parts beside each other
 
 

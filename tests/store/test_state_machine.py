@@ -1,5 +1,6 @@
-"""A hypothesis state machine over begin / write / commit / abort / crash / gc that checks invariants 1-6
-after every step, on local disk and on S3."""
+"""A hypothesis state machine over begin (with and without reuse of unchanged files) / write / commit / abort /
+crash / gc / copy that checks invariants 1-6 after every step, on local disk and on S3: payloads repeat, so
+saves take files from the bundles before them, which retention then deletes."""
 
 from __future__ import annotations
 
@@ -18,12 +19,12 @@ from hypothesis.stateful import (
 )
 
 from rlckpt.errors import BundleExistsError, InvalidPathError
-from rlckpt.store import BundleStore
+from rlckpt.store import BundleStore, copy_bundle
 from support.store_checks import debris, make_intent_foreign
 
 STEPS = st.integers(min_value=0, max_value=3)
 RELPATHS = st.sampled_from(["a", "dir/b", "dir/sub/c"])
-DATA = st.binary(max_size=64)
+DATA = st.one_of(st.sampled_from([b"", b"frozen" * 10, b"other" * 9]), st.binary(max_size=64))
 
 
 def make_machine(base_url: str, options: dict | None, shared_fs: object) -> type[RuleBasedStateMachine]:
@@ -34,14 +35,17 @@ def make_machine(base_url: str, options: dict | None, shared_fs: object) -> type
             self.committed: dict[int, dict[str, bytes]] = {}
             self.open: dict[int, tuple[object, dict[str, bytes]]] = {}
             self.crashed: set[int] = set()
+            self.copy = BundleStore(f"{base_url}/copy-{uuid.uuid4().hex[:8]}", options, fs=shared_fs)
+            self.copied: dict[int, dict[str, bytes]] = {}
+            self.copied_txids: dict[int, str] = {}
 
-        @rule(step=STEPS)
-        def begin(self, step: int) -> None:
+        @rule(step=STEPS, reuse=st.booleans())
+        def begin(self, step: int, reuse: bool) -> None:
             if step in self.committed or step in self.open or step in self.crashed:
                 with pytest.raises(BundleExistsError):
-                    self.store.begin(step)
+                    self.store.begin(step, reuse=reuse)
                 return
-            self.open[step] = (self.store.begin(step), {})
+            self.open[step] = (self.store.begin(step, reuse=reuse), {})
 
         @precondition(lambda self: self.open)
         @rule(data=st.data(), relpath=RELPATHS, payload=DATA, compress=st.booleans())
@@ -104,12 +108,33 @@ def make_machine(base_url: str, options: dict | None, shared_fs: object) -> type
             for step in expected_deleted:
                 del self.committed[step]
 
+        @precondition(lambda self: self.committed)
+        @rule(data=st.data(), keep_last=st.sampled_from([None, 1]))
+        def copy_with_reuse(self, data: st.DataObject, keep_last: int | None) -> None:
+            """A committed bundle copied to another store, taking what it can from the copy's previous bundle;
+            then that store's own retention."""
+            step = data.draw(st.sampled_from(sorted(self.committed)))
+            txid = self.store.open(step).manifest.txid
+            if step in self.copied and self.copied_txids[step] != txid:  # deleted and saved anew since its copy
+                with pytest.raises(BundleExistsError, match="holds another bundle"):
+                    copy_bundle(self.store, step, self.copy, reuse=True)
+            elif step in self.copied:
+                assert copy_bundle(self.store, step, self.copy, reuse=True).already
+            else:
+                copy_bundle(self.store, step, self.copy, reuse=True)
+                self.copied[step], self.copied_txids[step] = self.committed[step], txid
+            deleted = self.copy.gc(keep_last=keep_last).deleted_steps
+            assert deleted == (sorted(self.copied)[:-keep_last] if keep_last else [])
+            for gone in deleted:
+                del self.copied[gone], self.copied_txids[gone]
+
         @rule()
         def read_everything_back(self) -> None:
-            for step, files in self.committed.items():
-                bundle = self.store.open(step)
-                bundle.verify()
-                assert {rel: bundle.read_bytes(rel) for rel in bundle.manifest.files} == files
+            for store, bundles in ((self.store, self.committed), (self.copy, self.copied)):
+                for step, files in bundles.items():
+                    bundle = store.open(step)
+                    bundle.verify()
+                    assert {rel: bundle.read_bytes(rel) for rel in bundle.manifest.files} == files
 
         @invariant()
         def only_committed_steps_are_visible(self) -> None:

@@ -96,11 +96,16 @@ def sample_payload(step: int) -> dict[str, bytes]:
 
 
 def save_sample(
-    store: BundleStore, step: int, local_dir: Any = None, metadata: dict[str, Any] | None = None
+    store: BundleStore,
+    step: int,
+    local_dir: Any = None,
+    metadata: dict[str, Any] | None = None,
+    reuse: bool = False,
 ) -> dict[str, bytes]:
-    """A full save through every write API: write_bytes, open (streamed, zstd), put_file and put_dir."""
+    """A full save through every write API: write_bytes, open (streamed, zstd), put_file and put_dir; with
+    `reuse`, the files of `local_dir` (the same at every step) are taken from the previous bundle."""
     payload = sample_payload(step)
-    with store.begin(step) as txn:
+    with store.begin(step, reuse=reuse) as txn:
         txn.write_bytes("train_dataloader.pt", payload["train_dataloader.pt"])
         with txn.open("policy/optim.bin", compression="zstd") as stream:
             data = payload["policy/optim.bin"]

@@ -35,6 +35,7 @@ from rlckpt.store.commit.claims import Claims, IntentRead
 from rlckpt.store.commit.commit_check import CommitRecords, Trust, load_checked, load_checked_records
 from rlckpt.store.commit.participant import ParticipantWriter, TransactionHandle, validate_participant
 from rlckpt.store.commit.transaction import BundleTransaction
+from rlckpt.store.io.reuse import ReuseBase
 from rlckpt.store.io.storage_errors import unavailable_as_store_error
 from rlckpt.store.paths.location import given_filesystem_root, open_location
 from rlckpt.store.paths.paths import COMMIT_NAME, MANIFEST_NAME, is_txid, step_dirname, validate_step
@@ -281,7 +282,9 @@ class BundleStore:
             self._probed = True
 
     # --- writing ------------------------------------------------------------------------------
-    def begin(self, step: int, *, replace_corrupt: bool = False, txid: str | None = None) -> BundleTransaction:
+    def begin(
+        self, step: int, *, replace_corrupt: bool = False, txid: str | None = None, reuse: bool = False
+    ) -> BundleTransaction:
         """Start the save of `step`: the intent is recorded (claiming the step) before any data byte.
 
         COMMIT is checked once, after the claim (a writer may commit until we hold it). With
@@ -295,6 +298,10 @@ class BundleStore:
         under `step_<N>/<txid>/`). A dead earlier transaction of that same txid is the same copy,
         interrupted: what it wrote is left in place (`BundleTransaction.adopt` checks each file before
         counting it), not removed with the rest of a dead writer's data.
+
+        With `reuse`, a file of this save whose bytes are those of the same file of the newest committed bundle
+        below `step` (its base) is taken from it rather than written again, by the coordinator and by every
+        participant (io/reuse.py, docs/store-protocol.md#reuse-of-unchanged-files); the first save has no base.
 
         Returns:
             The open transaction; use it as a context manager.
@@ -322,10 +329,12 @@ class BundleStore:
                     committed = self.backend.prepare_step(step_dir, txid)
                 if committed:
                     raise BundleExistsError(f"step {step} at {self.url} is already committed")
+                base = self._newest_below(step) if reuse else None
             except BaseException:
                 self.claims.release(step, txid, committed=committed)
                 raise
-        log.info("began step %s (txid %s) at %s", step, txid, self.url)
+        reusing = "" if base is None else f", reusing unchanged files of {base.describe()}"
+        log.info("began step %s (txid %s) at %s%s", step, txid, self.url, reusing)
         return BundleTransaction(
             self.backend,
             self.claims,
@@ -336,7 +345,31 @@ class BundleStore:
             self.storage_options,
             run_id=run.run_id,
             signing_key=self.signing_key,
+            base=base,
         )
+
+    def _newest_below(self, step: int) -> ReuseBase | None:
+        """The newest committed bundle below `step` that passes the readers' checks, as a reuse base."""
+        inv = self.backend.scan()
+        trust = self._trust()
+        for below in sorted((s for s in inv.steps if s < step and inv.committed_marker(s)), reverse=True):
+            base = self._reuse_base(below, None, trust)
+            if base is not None:
+                return base
+        return None
+
+    def _reuse_base(self, step: int, txid: str | None, trust: Trust | None) -> ReuseBase | None:
+        """Bundle `step` as a reuse base (only if its txid is `txid`, when given), or None when it is not
+        committed, not that bundle, or does not pass the readers' checks: then nothing is reused."""
+        try:
+            manifest = load_checked(self.backend, self.url, step, with_listing=False, trust=trust).manifest
+        except (CorruptBundleError, UncommittedBundleError, NewerFormatError) as exc:
+            log.info("step %s at %s is no reuse base: %s", step, self.url, exc)
+            return None
+        if txid is not None and manifest.txid != txid:
+            log.info("step %s at %s is no longer transaction %s: nothing is reused from it", step, self.url, txid)
+            return None
+        return ReuseBase(step, manifest.txid, manifest.files)
 
     @classmethod
     def join(cls, handle: TransactionHandle, participant: str, **store_kwargs: Any) -> ParticipantWriter:
@@ -372,10 +405,15 @@ class BundleStore:
                         f"it is not running (step held by {held})"
                     )
                 self.backend.check_joinable(step_dirname(handle.step), handle.txid, who)
+                base = None
+                if handle.base_step is not None:
+                    base = self._reuse_base(handle.base_step, handle.base_txid, self._trust())
             except BaseException:
                 roster.leave(participant)
                 raise
-        return ParticipantWriter(self.backend, self.claims, self.url, handle, participant, self.max_workers, roster)
+        return ParticipantWriter(
+            self.backend, self.claims, self.url, handle, participant, self.max_workers, roster, base=base
+        )
 
     def _quarantine_if_corrupt(self, step: int, txid: str) -> bool:
         """With the step claimed: verify its bundle fully; if it fails, move it aside. True if moved."""

@@ -259,6 +259,13 @@ class Backend(abc.ABC):
         durable and visible (PendingWrite), for the writer to run in the background, beside writing and
         hashing its next file, and to wait for before it seals or commits."""
 
+    def reuse_file(self, source: str, target: str, size: int) -> bool:
+        """Put the committed file `source` (of `size` bytes) at `target` in a transaction's data root without
+        sending its bytes again, as the storage itself shares or copies them; False when it cannot (the
+        source is gone or of another size, or the storage has no such operation), and the writer then
+        writes the bytes. Nothing is left at `target` when this returns False."""
+        return False
+
     def make_durable(self, path: str) -> None:
         """Make a file already in a transaction's data root as durable as finish_write(ok=True) makes one it
         wrote: a replica resumed keeps files a dead attempt wrote (BundleTransaction.adopt). Object stores

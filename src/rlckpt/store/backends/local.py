@@ -317,6 +317,30 @@ class LocalBackend(Backend):
             self.remove_file(path)
         return None
 
+    def reuse_file(self, source: str, target: str, size: int) -> bool:
+        """A hard link to the source's inode: the bytes are stored once for both bundles, and each name keeps
+        them for as long as its bundle does (deleting the older bundle unlinks its name only). The source is
+        opened beneath the root (a symlink or a non-regular file is not taken) and linked through that open
+        descriptor, so what is linked is the file that was checked. Its data is durable already (fsynced when
+        its bundle committed); the new name becomes durable with the staging dir's fsync at commit."""
+        try:
+            fd = self._open_regular(source)
+        except (FileNotFoundError, IrregularFileError):
+            return False
+        try:
+            if os.fstat(fd).st_size != size:
+                return False
+            with self._nothing_in_the_way(target), self._run.parent(target, create=True) as (dir_fd, name):
+                try:  # linkat(2) of the open file (its /proc/self/fd link, followed) into the pinned directory
+                    os.link(pinned_path(fd), name, dst_dir_fd=dir_fd, follow_symlinks=True)
+                except OSError as exc:
+                    if exc.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOENT, errno.ENOTSUP):
+                        return False  # another filesystem, no hard links here, too many links: write it
+                    raise named(exc, target) from None
+            return True
+        finally:
+            os.close(fd)
+
     def make_durable(self, path: str) -> None:
         """fsync: a file is written in place here, and one a dead writer left may never have been synced."""
         self._fsync_file(path)

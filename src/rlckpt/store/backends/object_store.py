@@ -206,6 +206,16 @@ class ObjectBackend(Backend):
         finally:
             raw.closed = True  # fsspec's __del__ would otherwise try to flush the discarded buffer
 
+    def reuse_file(self, source: str, target: str, size: int) -> bool:
+        """A copy made by the server (S3: CopyObject, a multipart copy above 5 GiB): no byte goes through
+        the client. The source lies under its bundle's txid, which only that transaction ever wrote; one
+        deleted meanwhile (retention, gc) is not copied, and the writer sends the bytes instead."""
+        try:
+            self.fs.copy(source, target)
+        except FileNotFoundError:
+            return False
+        return True
+
     def make_visible(self, step_dir: str, txid: str, manifest: bytes, commit: bytes) -> None:
         try:
             self.create_exclusive(self.path(step_dir, MANIFEST_NAME), manifest)  # a loser cannot replace it

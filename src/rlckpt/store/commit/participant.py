@@ -14,6 +14,7 @@ from rlckpt.formats import MapKey, Refusal, quoted
 from rlckpt.store.backends import Backend
 from rlckpt.store.commit.claims import Claims
 from rlckpt.store.io.files import FileWriter
+from rlckpt.store.io.reuse import ReuseBase
 from rlckpt.store.io.storage_errors import unavailable_as_store_error
 from rlckpt.store.paths.paths import is_txid, validate_relpath, validate_step
 from rlckpt.store.records.manifest import FileEntry, read_file_entry
@@ -24,15 +25,25 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TransactionHandle:
-    """Where and which transaction to join: the run URL, its storage options, the step and the txid."""
+    """Where and which transaction to join: the run URL, its storage options, the step and the txid, and the
+    bundle (step and txid) unchanged files may be taken from when the save reuses them (reuse.py)."""
 
     url: str
     storage_options: dict[str, Any]
     step: int
     txid: str
+    base_step: int | None = None
+    base_txid: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"url": self.url, "storage_options": dict(self.storage_options), "step": self.step, "txid": self.txid}
+        return {
+            "url": self.url,
+            "storage_options": dict(self.storage_options),
+            "step": self.step,
+            "txid": self.txid,
+            "base_step": self.base_step,
+            "base_txid": self.base_txid,
+        }
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> TransactionHandle:
@@ -42,7 +53,17 @@ class TransactionHandle:
             or not isinstance(obj.get("storage_options"), dict)
         ):
             raise ValueError(f"not a transaction handle: {obj!r}")
-        return cls(obj["url"], dict(obj["storage_options"]), validate_step(obj.get("step")), obj["txid"])
+        base_step, base_txid = obj.get("base_step"), obj.get("base_txid")
+        if (base_step is None) != (base_txid is None) or (base_txid is not None and not is_txid(base_txid)):
+            raise ValueError(f"not a transaction handle (its base): {obj!r}")
+        return cls(
+            obj["url"],
+            dict(obj["storage_options"]),
+            validate_step(obj.get("step")),
+            obj["txid"],
+            None if base_step is None else validate_step(base_step),
+            base_txid,
+        )
 
 
 @dataclass(frozen=True)
@@ -108,8 +129,11 @@ class ParticipantWriter(FileWriter):
         participant: str,
         max_workers: int,
         roster: Roster,
+        base: ReuseBase | None = None,
     ) -> None:
-        super().__init__(backend, url, handle.step, handle.txid, max_workers, who=f"participant {participant}")
+        super().__init__(
+            backend, url, handle.step, handle.txid, max_workers, who=f"participant {participant}", base=base
+        )
         self.claims = claims
         self.participant = participant
         self.roster = roster

@@ -25,6 +25,7 @@ from rlckpt.store.commit.participant import Receipt, TransactionHandle, checked_
 from rlckpt.store.io.digest import Digest
 from rlckpt.store.io.files import FileWriter
 from rlckpt.store.io.readback import stored_digest
+from rlckpt.store.io.reuse import ReuseBase
 from rlckpt.store.io.storage_errors import unavailable_as_store_error
 from rlckpt.store.paths.path_set import PathSet
 from rlckpt.store.paths.paths import validate_relpath
@@ -59,8 +60,9 @@ class BundleTransaction(FileWriter):
         *,
         run_id: str,
         signing_key: SigningKey | None = None,
+        base: ReuseBase | None = None,
     ) -> None:
-        super().__init__(backend, url, step, txid, max_workers, who="transaction")
+        super().__init__(backend, url, step, txid, max_workers, who="transaction", base=base)
         self.claims = claims
         self.roster = Roster(backend, url, step, txid)
         self.storage_options = dict(storage_options or {})
@@ -83,8 +85,14 @@ class BundleTransaction(FileWriter):
     def handle(self) -> TransactionHandle:
         """What a participant process needs to join this transaction (`BundleStore.join`): plain data."""
         self._check_open()
+        base = self.base
         return TransactionHandle(
-            url=self.url, storage_options=dict(self.storage_options), step=self.step, txid=self.txid
+            url=self.url,
+            storage_options=dict(self.storage_options),
+            step=self.step,
+            txid=self.txid,
+            base_step=None if base is None else base.step,
+            base_txid=None if base is None else base.txid,
         )
 
     # --- ending -------------------------------------------------------------------------------
@@ -158,6 +166,15 @@ class BundleTransaction(FileWriter):
         self.claims.release(self.step, self.txid, committed=True)
         self.roster.remove(roster)
         log.info("committed step %s (%d files, txid %s) at %s", self.step, len(manifest.files), self.txid, self.url)
+        if self.base is not None:
+            reused = self.reused
+            log.info(
+                "step %s: the coordinator took %d unchanged files (%d bytes) from %s",
+                self.step,
+                len(reused),
+                sum(e.size for e in reused.values()),
+                self.base.describe(),
+            )
         return manifest
 
     def _publish(

@@ -10,18 +10,25 @@ import os
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-from rlckpt.errors import InvalidPathError, LostWriteError, TransactionStateError
+from rlckpt.errors import (
+    CorruptBundleError,
+    InvalidPathError,
+    LostWriteError,
+    NewerFormatError,
+    TransactionStateError,
+)
 from rlckpt.formats import quoted
 from rlckpt.store.backends import Backend, PendingWrite
 from rlckpt.store.io.buffers import READ_BUFFERS
 from rlckpt.store.io.compression import DEFAULT_LEVEL, check_compression
 from rlckpt.store.io.hashing_writer import HashingWriter
+from rlckpt.store.io.reuse import ReuseBase, Spool, unchanged
 from rlckpt.store.io.storage_errors import describe_cause, unavailable_as_store_error
 from rlckpt.store.paths.path_set import PathSet
-from rlckpt.store.paths.paths import join_relpath, step_dirname, validate_relpath
-from rlckpt.store.records.manifest import FileEntry
+from rlckpt.store.paths.paths import COMMIT_NAME, join_relpath, step_dirname, validate_relpath
+from rlckpt.store.records.manifest import COMMIT_MAX_BYTES, CommitMarker, FileEntry
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +39,20 @@ _LEFT_TO_THE_LISTING: dict[bool, tuple[type[BaseException], ...]] = {True: (File
 
 
 class FileWriter:
-    """Writes files into the data root of transaction `txid` of `step`; `who` names the writer in errors."""
+    """Writes files into the data root of transaction `txid` of `step`; `who` names the writer in errors. Given
+    a `base` (reuse.py), a file whose stored bytes are the base's file of the same path is taken from it instead
+    of written again."""
 
-    def __init__(self, backend: Backend, url: str, step: int, txid: str, max_workers: int, who: str) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        url: str,
+        step: int,
+        txid: str,
+        max_workers: int,
+        who: str,
+        base: ReuseBase | None = None,
+    ) -> None:
         self.backend = backend
         self.url = url
         self.step = step
@@ -44,6 +62,8 @@ class FileWriter:
         self._step_dir = step_dirname(step)
         self._data_root = backend.data_root(self._step_dir, txid)
         self._files: dict[str, FileEntry] = {}
+        self.base = base
+        self._reused: set[str] = set()  # the files of `_files` taken from the base
         self._open: dict[str, HashingWriter] = {}
         self._paths = PathSet()  # every name above: written or open
         self._lock = threading.Lock()
@@ -72,6 +92,12 @@ class FileWriter:
         """Files written so far (relpath -> entry)."""
         with self._lock:
             return dict(self._files)
+
+    @property
+    def reused(self) -> dict[str, FileEntry]:
+        """The files of `files` taken from the base rather than written (relpath -> entry)."""
+        with self._lock:
+            return {rel: self._files[rel] for rel in sorted(self._reused)}
 
     def _check_open(self) -> None:
         if self._state != "open":
@@ -109,9 +135,13 @@ class FileWriter:
                 with self._storage(f"syncing {relpath_failed}"):
                     raise failure
             self._reserve(relpath)
+            path = f"{self._data_root}/{relpath}"
             try:
-                with self._storage(f"opening {relpath}"):
-                    raw = self.backend.open_write(f"{self._data_root}/{relpath}")
+                if self.base is not None and relpath in self.base.files:  # held until it is known to be unchanged
+                    raw: Any = Spool(functools.partial(self.backend.open_write, path))
+                else:
+                    with self._storage(f"opening {relpath}"):
+                        raw = self.backend.open_write(path)
             except BaseException:
                 self._release(relpath)
                 raise
@@ -132,9 +162,16 @@ class FileWriter:
             self._open.pop(writer.relpath, None)
             live = self._state == "open"
         keep = entry is not None and live
+        path = f"{self._data_root}/{writer.relpath}"
+        durable = None
+        reused = False
         try:
             with self._storage(f"{'finishing' if keep else 'discarding'} {writer.relpath}"):
-                durable = self.backend.finish_write(writer.raw, f"{self._data_root}/{writer.relpath}", ok=keep)
+                raw = writer.raw
+                if isinstance(raw, Spool):
+                    raw, reused = self._settle_spool(raw, writer.relpath, entry if keep else None)
+                if raw is not None:
+                    durable = self.backend.finish_write(raw, path, ok=keep)
         except BaseException:
             keep = False
             raise
@@ -142,10 +179,81 @@ class FileWriter:
             with self._lock:
                 if keep:
                     self._files[writer.relpath] = entry  # type: ignore[assignment]
+                    if reused:
+                        self._reused.add(writer.relpath)
                 else:
                     self._release(writer.relpath)
         if durable is not None:
             self._in_background(writer.relpath, durable)
+
+    def _settle_spool(self, spool: Spool, relpath: str, entry: FileEntry | None) -> tuple[Any, bool]:
+        """A held file closed (`entry`) or discarded (None): (the real file to finish, or None; whether the base's
+        file was taken instead). The base's file is taken when the bytes are exactly its bytes and the storage can
+        share or copy it; otherwise the held bytes go to storage now."""
+        if entry is not None and not spool.spilled and self._take_from_base(relpath, entry):
+            spool.drop()
+            return None, True
+        if entry is None and spool.real is None:
+            spool.drop()
+            return None, False
+        try:
+            return spool.take_real(), False
+        except BaseException:
+            if spool.real is not None:
+                with contextlib.suppress(Exception):
+                    self.backend.finish_write(spool.real, f"{self._data_root}/{relpath}", ok=False)
+            raise
+
+    def _take_from_base(self, relpath: str, entry: FileEntry) -> bool:
+        """Put the base's file `relpath` in place as this writer's, if `entry` (what this writer would store)
+        is the base's entry of it and the storage shares or copies it; False: nothing is in place."""
+        assert self.base is not None
+        if not unchanged(entry, self.base.files, relpath):
+            return False
+        source = f"{self.backend.bundle_root(step_dirname(self.base.step), self.base.txid)}/{relpath}"
+        target = f"{self._data_root}/{relpath}"
+        if self.backend.reuse_file(source, target, entry.size):
+            if not self.backend.local or self._base_still_committed():
+                return True
+            self.backend.remove_file(target)  # perhaps another bundle's file: the caller writes the bytes
+        log.info("%s: %s of %s is gone; writing it", self.who, relpath, self.base.describe())
+        return False
+
+    def take_unchanged(self, relpath: str, entry: FileEntry) -> bool:
+        """Count the base's file `relpath` as written with `entry`, without its bytes, when `entry` is the base's
+        entry of it: for a writer that knows a file's digest before it has its bytes (a copy, from the source's
+        manifest). Returns whether it was taken; if not, nothing is in place and the caller writes the file."""
+        validate_relpath(relpath)
+        if self.base is None or not unchanged(entry, self.base.files, relpath):
+            return False
+        with self._lock:
+            self._check_open()
+            self._reserve(relpath)
+        taken = False
+        try:
+            with self._storage(f"taking {relpath} from {self.base.describe()}"):
+                taken = self._take_from_base(relpath, entry)
+        finally:
+            with self._lock:
+                if taken:
+                    self._files[relpath] = entry
+                    self._reused.add(relpath)
+                else:
+                    self._release(relpath)
+        return taken
+
+    def _base_still_committed(self) -> bool:
+        """Whether the base's COMMIT still names its txid. On local disk its files lie in the step's directory,
+        which another bundle of that step may take once the base is deleted: a link made before this returns
+        True was to the base's own file (that directory was the base's from before this save began until now)."""
+        assert self.base is not None
+        marker = self.backend.read_or_none(
+            self.backend.path(step_dirname(self.base.step), COMMIT_NAME), COMMIT_MAX_BYTES, COMMIT_NAME
+        )
+        try:
+            return marker is not None and CommitMarker.from_bytes(marker).txid == self.base.txid
+        except (CorruptBundleError, NewerFormatError):
+            return False  # not the base's COMMIT any more, whatever it is
 
     def _in_background(self, relpath: str, pending: PendingWrite) -> None:
         """Make a kept file durable on the writer's finishing threads (as many as its writing threads, so that

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 ADOPTED = "adopted"
 COPIED = "copied"
+REUSED = "reused"  # taken from the destination's previous bundle (copy_bundle's `reuse`)
 
 
 @dataclass(frozen=True)
@@ -51,11 +52,14 @@ class CopyReport:
     adopted_bytes: int
     seconds: float
     already: bool = False  # the destination held this very bundle: nothing was written
+    reused_files: int = 0
+    reused_bytes: int = 0
 
     def describe(self) -> str:
         if self.already:
             return f"step {self.step} (txid {self.txid}) was already there"
         kept = f", {self.adopted_files} kept from an interrupted copy" if self.adopted_files else ""
+        kept += f", {self.reused_files} unchanged taken from the previous bundle there" if self.reused_files else ""
         return (
             f"step {self.step} (txid {self.txid}): {self.files} files, {self.bytes / 2**20:.1f} MiB "
             f"({self.copied_files} copied{kept}) in {self.seconds:.2f}s"
@@ -69,6 +73,7 @@ def copy_bundle(
     *,
     max_workers: int | None = None,
     progress: Callable[[int], None] | None = None,
+    reuse: bool = False,
 ) -> CopyReport:
     """Copy committed bundle `step` of `source` into `dest` as the same bundle (module doc).
 
@@ -78,6 +83,8 @@ def copy_bundle(
     Args:
         max_workers: files copied at once (default: `dest`'s).
         progress: called with each piece's size as it is read from the source.
+        reuse: a file whose entry is that of the same file of `dest`'s newest bundle below `step` is taken from
+            it there (a hard link, a copy inside the server), not read from the source and sent again.
     Returns:
         What was copied.
     Raises:
@@ -95,7 +102,7 @@ def copy_bundle(
     if run is not None:
         dest.ensure_run_record(run)  # the same run id there, so the carried COMMIT verifies as this run's
     try:
-        txn = dest.begin(step, txid=manifest.txid, replace_corrupt=True)
+        txn = dest.begin(step, txid=manifest.txid, replace_corrupt=True, reuse=reuse)
     except BundleExistsError:
         if not _already_there(dest, step, records):
             raise  # a live writer holds the step there
@@ -114,7 +121,7 @@ def _copy_files(
     bundle: Bundle, txn: BundleTransaction, workers: int, progress: Callable[[int], None] | None
 ) -> dict[str, str]:
     """Every file of the bundle into the transaction, the largest first, `workers` at a time; relpath ->
-    ADOPTED or COPIED. The first failure cancels what has not started and is re-raised once the files under
+    ADOPTED, REUSED or COPIED. The first failure cancels what has not started and is re-raised once the files under
     way have ended (the caller's abort then removes what they wrote)."""
     in_place = txn.files_in_place()
     files = sorted(bundle.manifest.files.items(), key=lambda item: (-item[1].size, item[0]))
@@ -128,6 +135,8 @@ def _copy_files(
     def one(rel: str, entry: FileEntry) -> str:
         if in_place.get(rel) == entry.size and txn.adopt(rel, entry):
             return ADOPTED
+        if txn.take_unchanged(rel, entry):
+            return REUSED
         with txn.open(rel) as out:  # raw: the stored bytes, hashed as they are written
             bundle.read_stored(rel, out.write, tick)
         return COPIED
@@ -163,6 +172,7 @@ def _report(records: CommitRecords, outcomes: dict[str, str], seconds: float, al
     files = records.manifest.files
     copied = [rel for rel, how in outcomes.items() if how == COPIED]
     adopted = [rel for rel, how in outcomes.items() if how == ADOPTED]
+    reused = [rel for rel, how in outcomes.items() if how == REUSED]
     return CopyReport(
         step=records.manifest.step,
         txid=records.manifest.txid,
@@ -174,4 +184,6 @@ def _report(records: CommitRecords, outcomes: dict[str, str], seconds: float, al
         adopted_bytes=sum(files[rel].size for rel in adopted),
         seconds=seconds,
         already=already,
+        reused_files=len(reused),
+        reused_bytes=sum(files[rel].size for rel in reused),
     )
