@@ -55,6 +55,7 @@ class StagedShards:
         planner: PlannerFactory | None = None,
         thread_count: int = 1,
         compression: str | None = None,
+        reuse: bool = False,
     ) -> Receipt:
         """Write the staged copy into the transaction of `handle` as `participant`, under `prefix`; a collective
         of `process_group` (None: the default group, or this process alone). The host copy is released
@@ -68,6 +69,8 @@ class StagedShards:
             planner: makes this write's DCP save planner (None: DCP's default).
             thread_count: shard files this rank writes at once.
             compression: BundleStorageWriter's: "off" (None), "auto" (on object stores) or "on".
+            reuse: BundleStorageWriter's: one file per tensor chunk of 1 MiB or more, so that an unchanged one is
+                taken from the bundle the coordinator's `begin(step, reuse=True)` named.
         Returns:
             This rank's receipt (the coordinator's includes ``<prefix>/.metadata``).
         Raises:
@@ -77,7 +80,12 @@ class StagedShards:
         state, self.state = self.state, None
         try:  # the same arguments on every rank: what this refuses, every rank refuses
             writer = BundleStorageWriter(
-                handle, participant=participant, prefix=prefix, thread_count=thread_count, compression=compression
+                handle,
+                participant=participant,
+                prefix=prefix,
+                thread_count=thread_count,
+                compression=compression,
+                reuse=reuse,
             )
         except Exception as exc:
             failures = f"{type(exc).__name__}: {exc}"

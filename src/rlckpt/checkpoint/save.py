@@ -120,6 +120,7 @@ class SaveParticipants:
     rollout_order: str = "in_order"  # the run's (TrainConfig.rollout_order), recorded in the bundle
     staging_root: str | None = None
     compress_data_plane: bool | None = None  # None: zstd on object stores only (see data_plane_compression)
+    reuse: bool = False  # files unchanged since the previous bundle are taken from it (store begin's `reuse`)
     retention: Retention | None = None  # after each commit (None, or no rule: keep all)
     # Steps retention must keep besides its rules, asked (in retention's thread) at each retention: a
     # two-tier run's bundles not yet replicated (ReplicationQueue.holds: never a call to the remote tier)
@@ -176,7 +177,9 @@ async def _begin_beside_staging(parts: SaveParticipants, step: int) -> tuple[Bun
     aside) while, beside it, 2: the policy is staged to host memory (it writes nothing, so it needs
     no transaction). If either fails or the caller is cancelled, a begun transaction is aborted and
     a staged policy dropped. Returns the transaction, the staged policy and the staging seconds."""
-    begin = asyncio.ensure_future(asyncio.to_thread(functools.partial(parts.store.begin, step, replace_corrupt=True)))
+    begin = asyncio.ensure_future(
+        asyncio.to_thread(functools.partial(parts.store.begin, step, replace_corrupt=True, reuse=parts.reuse))
+    )
     policy: StagedPolicy | None = None
     t = time.perf_counter()
     try:

@@ -55,6 +55,10 @@ class CheckpointerConfig:
     dcp_thread_count: shard files each rank writes at once (BundleStorageWriter's `thread_count`).
     compression: the state's shard files in byte planes + zstd where that pays (lossless; BundleStorageWriter's
         `compression`): "off" (None, the default), "auto" (on object stores only) or "on".
+    reuse: a file of a save whose bytes are those of the same file of the run's previous bundle is taken from it
+        (a hard link on local disk, a copy inside the server on S3) rather than written again: frozen weights,
+        a reference model (docs/store-protocol.md#reuse-of-unchanged-files). Each tensor chunk of 1 MiB or more is
+        then a file of its own. The first save of a run writes everything.
     save_planner, load_planner: make DCP's planner of each save / restore (default: DCP's own).
     unmeasured_save_s: what a deadline (SaveAndStop) assumes a save takes until one was measured.
     """
@@ -71,6 +75,7 @@ class CheckpointerConfig:
     group_timeout_s: float = DEFAULT_GROUP_TIMEOUT_S
     dcp_thread_count: int = 1
     compression: str | None = None
+    reuse: bool = False
     save_planner: Callable[[], SavePlanner] | None = None
     load_planner: Callable[[], LoadPlanner] | None = None
     unmeasured_save_s: float = UNMEASURED_SAVE_S

@@ -103,7 +103,7 @@ class Saver:
         coordinator = self.ranks.is_coordinator
         begin = None
         if coordinator and _is_step(step):
-            begin = self._begin_pool.submit(self.store.begin, step, replace_corrupt=True)
+            begin = self._begin_pool.submit(self.store.begin, step, replace_corrupt=True, reuse=self.config.reuse)
         local: BaseException | None = None
         staged = StagedShards(None)
         pieces: dict[str, EncodedPiece] = {}
@@ -199,6 +199,7 @@ class Saver:
                 planner=self.config.save_planner,
                 thread_count=self.config.dcp_thread_count,
                 compression=self.config.compression,
+                reuse=self.config.reuse,
             )
         except ShardWriteError as exc:
             return f"writing the state failed: {exc.failures}"

@@ -136,6 +136,17 @@ def add_compress_policy_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_reuse_argument(parser: argparse.ArgumentParser) -> None:
+    """--reuse-unchanged: files unchanged since the run's previous bundle are taken from it (store `reuse`)."""
+    parser.add_argument(
+        "--reuse-unchanged",
+        action="store_true",
+        help="take each file whose bytes did not change since the run's previous bundle (frozen weights, rows "
+        "still held) from it instead of writing it again: a hard link on local disk, a copy inside the server "
+        "on S3; each tensor chunk of 1 MiB or more is then a file of its own (default: every save writes all)",
+    )
+
+
 def add_verify_key_argument(parser: argparse.ArgumentParser) -> None:
     """--verify-key PATH (default: $RLCKPT_VERIFY_KEY): only bundles that key signed for the run are read;
     and --run-id ID (default: $RLCKPT_RUN_ID), which pins that run."""

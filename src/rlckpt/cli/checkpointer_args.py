@@ -46,6 +46,7 @@ def add_checkpointer_arguments(parser: argparse.ArgumentParser) -> None:
     _common.add_verify_key_argument(group)  # type: ignore[arg-type]  # an argument group takes arguments too
     group.add_argument("--sync-saves", action="store_true", help="wait for every save's commit (default: async)")
     _common.add_compress_policy_argument(group)  # type: ignore[arg-type]  # an argument group takes arguments too
+    _common.add_reuse_argument(group)  # type: ignore[arg-type]
     group.add_argument(
         "--grace-seconds",
         type=_common.positive_seconds_arg,
@@ -97,6 +98,7 @@ def config_from_args(args: argparse.Namespace, url: str) -> CheckpointerConfig:
         run_id=run_id,
         async_save=not args.sync_saves,
         compression=args.compress_policy,
+        reuse=args.reuse_unchanged,
     )
 
 

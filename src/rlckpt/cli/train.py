@@ -203,6 +203,7 @@ def add_parser(subparsers: Any) -> None:
         help="data-plane files: zstd on object stores and plain on local disk (auto, default), or always zstd / never",
     )
     _common.add_compress_policy_argument(parser)
+    _common.add_reuse_argument(parser)
     train_stop.add_stop_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON line on stdout")
     _common.add_verbose_argument(parser)
@@ -409,6 +410,7 @@ def _train(
             async_saves=not args.sync_saves,
             compress_data_plane={"auto": None, "zstd": True, "none": False}[args.compress],
             compress_policy=args.compress_policy,
+            reuse_unchanged=args.reuse_unchanged,
             trainer_ranks=args.trainer_ranks,
             trainer_resources=args.trainer_resources,
             save_by=args.save_by,

@@ -65,6 +65,8 @@ class TrainConfig:
     compress_data_plane: bool | None = None  # None: zstd on object stores, plain on local disk
     # the policy's shard files in byte planes + zstd where that pays: "off" (None), "auto" (object stores), "on"
     compress_policy: str | None = None
+    # files unchanged since the previous bundle (frozen weights, rows still held) taken from it, not written again
+    reuse_unchanged: bool = False
     partition_id: str = "rollouts"
     num_prompts: int = 64
     task_seed: int = 0

@@ -126,6 +126,7 @@ class ControllerLoop:
             rollout_order=config.rollout_order,
             staging_root=config.staging_dir,
             compress_data_plane=self._compress_data_plane(),
+            reuse=self.config.reuse_unchanged,
             retention=config.retention,
             retention_holds=self._replication_holds(),
             metrics=self._metrics,

@@ -211,6 +211,7 @@ def setup_single_controller(
         timeout_s=config.rank_timeout_s,
         save_planner=save_planner,
         compression=config.compress_policy,
+        reuse=config.reuse_unchanged,
     )
     if config.fresh:
         phase.start_fresh()

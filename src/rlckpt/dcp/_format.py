@@ -126,6 +126,9 @@ OpenShard = Callable[[str], BinaryIO]
 # rank should not have to fetch another rank's whole shard for a few hundred bytes.
 SMALL_ITEM_BYTES = 64 << 10
 
+# With reuse on, a tensor chunk of at least this many bytes is a file of its own (shard_plan's `for_reuse`).
+OWN_FILE_BYTES = 1 << 20
+
 # torch.save's framing of one item (zip headers, pickle, records padded to 64 bytes): ~1.5 KiB measured,
 # counted generously so that a file's real size stays under its cap.
 ITEM_FRAMING_BYTES = 4 << 10
@@ -195,21 +198,31 @@ def shard_plan(
     items: list[WriteItem],
     thread_count: int = 1,
     max_shard_bytes: int | None = DEFAULT_MAX_SHARD_BYTES,
+    for_reuse: bool = False,
 ) -> list[tuple[str, list[WriteItem]]]:
     """How one rank's items go into files, named as DCP names them (`__{rank}_{n}.distcp`).
 
     The tensors above SMALL_ITEM_BYTES go into at least `thread_count` files, balanced by size, none above
     `max_shard_bytes` with its framing (an item larger than that gets a file of its own); then the small items
     get files of their own, capped the same way. None: DCP's own split (`thread_count` files, uncapped). No
-    empty files.
+    empty files. `for_reuse`: each tensor of at least OWN_FILE_BYTES gets a file of its own, in the plan's
+    order, so that a tensor that did not change is a file that did not change (store reuse, io/reuse.py); the
+    rest are packed as above after them.
     """
 
     def small(wi: WriteItem) -> bool:
         return wi.type == WriteItemType.BYTE_IO or _chunk_bytes(wi) <= SMALL_ITEM_BYTES
 
+    own: list[list[WriteItem]] = []
+    if for_reuse:
+        own = [[wi] for wi in items if not small(wi) and _chunk_bytes(wi) >= OWN_FILE_BYTES]
+        items = [wi for wi in items if small(wi) or _chunk_bytes(wi) < OWN_FILE_BYTES]
     bulk = [wi for wi in items if not small(wi)]
     rest = [wi for wi in items if small(wi)]
-    if max_shard_bytes is None:
+    if own:
+        cap = max_shard_bytes or DEFAULT_MAX_SHARD_BYTES
+        buckets = own + _pack(bulk, 1, cap) + _pack(rest, 1, cap)
+    elif max_shard_bytes is None:
         buckets = [b for b in _split_by_size_and_type(thread_count, bulk) if b] if bulk else []  # private DCP helper
         buckets += [rest] if rest else []
     else:

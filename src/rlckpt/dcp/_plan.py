@@ -22,12 +22,14 @@ RECEIPT_FQN = "__rlckpt_receipt__"
 class RankPlan:
     """SavePlan.storage_data of one rank: DCP's file prefix (`__{rank}_`), the participant name it writes
     as, and — standalone — the transaction the coordinator began (step, txid; no storage options, so no
-    credentials go over the process group)."""
+    credentials go over the process group) and the bundle it may take unchanged files from (its base)."""
 
     prefix: str
     participant: str
     step: int | None = None
     txid: str | None = None
+    base_step: int | None = None
+    base_txid: str | None = None
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,7 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
         per_thread_copy_ahead: int = 10_000_000,
         cache_staged_state_dict: bool = False,
         compression: str | None = None,
+        reuse: bool = False,
     ) -> None:
         """
         Args:
@@ -149,6 +150,10 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
             per_thread_copy_ahead, cache_staged_state_dict: as DCP's FileSystemWriter.
             compression: "off" (None, the default), "auto" (on object stores) or "on": shard files stored in
                 byte planes + zstd where that pays (lossless; DCP's own FileSystemReader cannot read them).
+            reuse: each tensor chunk of 1 MiB or more is a file of its own, so that one unchanged since the
+                previous bundle is taken from it rather than written (docs/sharded-policy.md#reuse). Standalone,
+                the writer begins its transaction with reuse; joined, the coordinator's `begin(step,
+                reuse=True)` gives the files to take from, and every rank's writer should say `reuse=True`.
         Raises:
             ShardedCheckpointError: a missing or contradictory argument.
             InvalidPathError: `prefix` is not a safe relative path.
@@ -163,6 +168,7 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
         self.max_shard_bytes = max_shard_bytes
         self.per_thread_copy_ahead = per_thread_copy_ahead
         self.compression = check_policy_compression(compression)
+        self.reuse = reuse
         self.user_metadata = dict(metadata or {})
         self._handle: TransactionHandle | None = None
         self._store: BundleStore | None = None
@@ -328,14 +334,22 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
-        step = txid = None
+        txn = None
         if not self.joined:
-            self._txn = self._standalone_store().begin(self._step)  # type: ignore[arg-type]
+            self._txn = self._standalone_store().begin(self._step, reuse=self.reuse)  # type: ignore[arg-type]
             self._finalizer = weakref.finalize(self, _abort_left_open, self._txn)
-            step, txid = self._txn.step, self._txn.txid
+            txn = self._txn.handle()
         return [
             dataclasses.replace(
-                plan, storage_data=RankPlan(prefix=f"__{i}_", participant=f"rank{i}", step=step, txid=txid)
+                plan,
+                storage_data=RankPlan(
+                    prefix=f"__{i}_",
+                    participant=f"rank{i}",
+                    step=None if txn is None else txn.step,
+                    txid=None if txn is None else txn.txid,
+                    base_step=None if txn is None else txn.base_step,
+                    base_txid=None if txn is None else txn.base_txid,
+                ),
             )
             for i, plan in enumerate(plans)
         ]
@@ -349,7 +363,9 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
             )
         try:
             part = self._join_for_write(rank_plan)
-            files = shard_plan(rank_plan.prefix, plan.items, self.thread_count, self.max_shard_bytes)
+            files = shard_plan(
+                rank_plan.prefix, plan.items, self.thread_count, self.max_shard_bytes, for_reuse=self.reuse
+            )
             compress = compresses(self.compression, part.backend.local)
             kinds = {name: shard_compression(items) if compress else None for name, items in files}
             results = write_shards(
@@ -380,7 +396,14 @@ class BundleStorageWriter(StorageWriter, BlockingAsyncStager):
                 f"but saves step {self._step}: every rank's writer must name the same step"
             )
         store = self._standalone_store()
-        handle = TransactionHandle(self._url, self._storage_options, rank_plan.step, rank_plan.txid)  # type: ignore[arg-type]
+        handle = TransactionHandle(
+            self._url,
+            self._storage_options,
+            rank_plan.step,  # type: ignore[arg-type]
+            rank_plan.txid,  # type: ignore[arg-type]
+            base_step=rank_plan.base_step,
+            base_txid=rank_plan.base_txid,
+        )
         self._part = store.participant(handle, rank_plan.participant)
         return self._part
 

@@ -57,7 +57,8 @@ class BundleReplicator:
         """Copy committed bundle `step` into the remote tier; then the remote tier's retention, whose failure
         is logged (the replica is committed). Raises what `copy_bundle` raises: nothing is committed then."""
         local, remote = self.stores()
-        report = copy_bundle(local, step, remote, max_workers=self.config.workers)
+        # unchanged files are taken from the remote's previous bundle there, not sent again (copy_bundle's `reuse`)
+        report = copy_bundle(local, step, remote, max_workers=self.config.workers, reuse=True)
         deleted: list[int] = []
         if self.config.retention.deletes:
             try:

@@ -171,12 +171,13 @@ class TrainerGroup:
         save_planner: SavePlannerFactory | None = None,
         form: bool = True,
         compression: str | None = None,
+        reuse: bool = False,
     ) -> None:
         """Start the ranks (each asking Ray for RANK_MEMORY_BYTES of memory and ``resources``, Ray custom
         resources, e.g. one per node) and, unless ``form`` is False (the caller starts something else while
         the ranks boot, then calls ``form()``), form the group; TrainerGroupError if a rank does not come up
-        or join within ``timeout_s``. ``compression``: how the ranks store the policy's shard files
-        (BundleStorageWriter's)."""
+        or join within ``timeout_s``. ``compression``, ``reuse``: how the ranks store the policy's shard
+        files (BundleStorageWriter's)."""
         import ray
 
         if ranks < 1:
@@ -188,7 +189,7 @@ class TrainerGroup:
             num_cpus=0, memory=RANK_MEMORY_BYTES, resources=dict(resources or {})
         )
         self.actors: list[Any] = [
-            actor_class.remote(config, rank, ranks, save_planner, compression) for rank in range(ranks)
+            actor_class.remote(config, rank, ranks, save_planner, compression, reuse) for rank in range(ranks)
         ]
         self.handle = TrainerGroupHandle(tuple(self.actors), timeout_s)
         if form:

@@ -63,12 +63,14 @@ class TrainerRank:
         world_size: int,
         save_planner: SavePlannerFactory | None = None,
         compression: str | None = None,
+        reuse: bool = False,
     ) -> None:
         self.config = config
         self.rank = rank
         self.world_size = world_size
         self.save_planner = save_planner
         self.compression = compression  # BundleStorageWriter's: how the policy's shard files are stored
+        self.reuse = reuse  # and whether they are laid out for reuse of unchanged ones
         self._trainer: Trainer | None = None
         self._checkpoint_group: Any = None  # a second gloo group: DCP's collectives only
         self._save: _RankSave | None = None
@@ -171,6 +173,7 @@ class TrainerRank:
                 process_group=self._checkpoint_group,
                 planner=planner,
                 compression=self.compression,
+                reuse=self.reuse,
             )
         except ShardWriteError as exc:
             raise TrainerGroupError(

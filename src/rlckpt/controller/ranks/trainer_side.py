@@ -34,6 +34,7 @@ class TrainerSide:
         timeout_s: float,
         save_planner: SavePlannerFactory | None = None,
         compression: str | None = None,
+        reuse: bool = False,
     ) -> None:
         self.group = TrainerGroup(
             config,
@@ -43,6 +44,7 @@ class TrainerSide:
             save_planner=save_planner,
             form=False,
             compression=compression,
+            reuse=reuse,
         )
         try:  # TransferQueue starts while the rank processes boot (importing torch); then the group forms
             self.data_plane = TransferQueueClient(tq_config, bootstrap=True)

@@ -121,11 +121,17 @@ class FileWriter:
 
     # --- writing --------------------------------------------------------------------------------
     def open(
-        self, relpath: str, compression: str | None = None, level: int = DEFAULT_LEVEL, only_if_pays: bool = False
+        self,
+        relpath: str,
+        compression: str | None = None,
+        level: int = DEFAULT_LEVEL,
+        only_if_pays: bool = False,
+        may_reuse: bool = True,
     ) -> BinaryIO:
         """A writable binary stream for `relpath`; digest computed while streaming. Close it to keep the file.
         `only_if_pays`: `compression` is tried on the file's start, and the file stored raw if it does not pay
-        (its entry says which)."""
+        (its entry says which). `may_reuse=False`: written as it comes even with a base (the caller knows the
+        base's file will not do, as a copy that tried `take_unchanged`)."""
         validate_relpath(relpath)
         check_compression(compression)
         with self._lock:
@@ -137,7 +143,9 @@ class FileWriter:
             self._reserve(relpath)
             path = f"{self._data_root}/{relpath}"
             try:
-                if self.base is not None and relpath in self.base.files:  # held until it is known to be unchanged
+                if (
+                    may_reuse and self.base is not None and relpath in self.base.files
+                ):  # held until it is known to be unchanged
                     raw: Any = Spool(functools.partial(self.backend.open_write, path))
                 else:
                     with self._storage(f"opening {relpath}"):

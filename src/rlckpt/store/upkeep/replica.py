@@ -137,7 +137,7 @@ def _copy_files(
             return ADOPTED
         if txn.take_unchanged(rel, entry):
             return REUSED
-        with txn.open(rel) as out:  # raw: the stored bytes, hashed as they are written
+        with txn.open(rel, may_reuse=False) as out:  # raw: the stored bytes, hashed as they are written
             bundle.read_stored(rel, out.write, tick)
         return COPIED
 
