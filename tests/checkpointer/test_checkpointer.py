@@ -551,3 +551,20 @@ def test_a_compressed_save_stores_the_state_in_planes_and_restores_every_bit(run
 def test_an_unknown_compression_is_refused_when_the_checkpointer_is_made(tmp_path):
     with pytest.raises(ValueError, match="compression must be one of off, auto, on"):
         Checkpointer(str(tmp_path), compression="zstd")
+
+
+def test_a_save_with_reuse_takes_a_frozen_tensor_from_the_bundle_before_and_restores_every_bit(run):
+    frozen, live = torch.randn(512, 1024), torch.zeros(4096)
+    with _checkpointer(run, async_save=False, reuse=True, compression="on") as ckpt:
+        for step in (1, 2):
+            live.add_(1.0)
+            ckpt.save(step, {"frozen": frozen, "live": live}, extra={"loader": {"position": step}})
+    store = _store(run)
+    before, after = store.open(1).manifest.files, store.open(2).manifest.files
+    unchanged = [rel for rel, entry in after.items() if rel.endswith(".distcp") and before.get(rel) == entry]
+    assert sum(after[rel].logical_size for rel in unchanged) >= frozen.numel() * 4
+    into = {"frozen": torch.zeros_like(frozen), "live": torch.zeros_like(live)}
+    with _checkpointer(run) as ckpt:
+        restored = ckpt.restore(into)
+    assert restored.step == 2 and restored.extra == {"loader": {"position": 2}}
+    assert bitwise_equal(into, {"frozen": frozen, "live": live}) == []

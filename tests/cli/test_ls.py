@@ -14,12 +14,25 @@ def test_ls_table_lists_each_committed_step_with_its_file_count(run, cli):
     result = cli("ls", run.url, *run.options_args())
     assert result.code == 0
     lines = result.out.splitlines()
-    assert lines[0].split()[:5] == ["STEP", "STATE", "SIGNATURE", "SIZE", "FILES"]
+    assert lines[0].split()[:6] == ["STEP", "STATE", "SIGNATURE", "SIZE", "UNCHANGED", "FILES"]
     rows = [line.split() for line in lines[1:]]
     assert [(r[0], r[1], r[2], r[-3]) for r in rows] == [
         ("1", "committed", "unsigned", "2"),
         ("2", "committed", "unsigned", "1"),
     ]
+
+
+def test_ls_shows_the_bytes_of_each_bundle_its_predecessor_also_holds(run, cli):
+    store = run.store()
+    for step, live in ((1, b"1"), (2, b"2")):
+        with store.begin(step, reuse=True) as txn:
+            txn.write_bytes("frozen.bin", b"f" * 4000)
+            txn.write_bytes("live.bin", live * 100)
+            txn.commit()
+    records = cli("ls", run.url, "--json", *run.options_args()).json()
+    assert [(r["step"], r["size"], r["unchanged"]) for r in records] == [(1, 4100, None), (2, 4100, 4000)]
+    table = cli("ls", run.url, *run.options_args()).out.splitlines()
+    assert table[2].split()[5:7] == ["3.9", "KiB"]
 
 
 def test_ls_json_gives_step_state_size_files_created(run, cli):

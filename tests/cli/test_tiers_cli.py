@@ -76,6 +76,15 @@ def test_copy_help_states_the_rule_the_command_follows(cli):
     assert "the newest bundle that verifies" in result.out and "newest committed" not in result.out
 
 
+def test_copy_with_reuse_takes_unchanged_files_from_the_destinations_bundle_before_and_verifies(local, run, cli):
+    assert cli("copy", local.url, run.url, "--step", "1", *_dest_args(run)).code == 0
+    result = cli("copy", local.url, run.url, "--step", "2", "--reuse", "--json", *_dest_args(run))
+    assert result.code == 0, result.err
+    report = result.json()
+    assert (report["reused_files"], report["copied_files"], report["verified"]) == (2, 0, True)
+    assert run.store().records(2) == local.store().records(2)
+
+
 def test_copy_of_a_bundle_already_there_leaves_it_as_it_is(local, run, cli):
     cli("copy", local.url, run.url, *_dest_args(run))
     again = cli("copy", local.url, run.url, "--json", *_dest_args(run))

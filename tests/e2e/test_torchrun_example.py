@@ -109,9 +109,10 @@ def location(request, tmp_path_factory) -> Location:
 @pytest.fixture(scope="module")
 def two_parts(location) -> tuple[Run, dict[str, Any], dict[str, Any]]:
     """The same run in two parts: to 4, then (resumed) to 6; with --compress-policy auto, which compresses on S3
-    (the resume then loads byte planes) and leaves local disk raw."""
+    (the resume then loads byte planes) and leaves local disk raw, and --reuse-unchanged."""
     run = location.run("two-parts")
-    return run, run.train(4, "--compress-policy", "auto"), run.train(6, "--compress-policy", "auto")
+    options = ("--compress-policy", "auto", "--reuse-unchanged")
+    return run, run.train(4, *options), run.train(6, *options)
 
 
 def test_a_run_to_6_in_two_parts_ends_bit_identical_to_one_straight_run(two_parts, straight):

@@ -64,6 +64,23 @@ def test_a_corrupt_newest_bundle_is_skipped_loudly_and_the_run_still_ends_exact(
     assert resumed["bundles"] == [2, 4, 6, 8]  # step 8 saved anew; the corrupt one kept in _quarantine/
 
 
+def test_a_run_saving_with_reuse_and_compression_on_resumes_exact(straight_run, tmp_path, shared_ray):
+    """Both ways to write fewer bytes on (issue 40): the run stopped at 4 and resumed to 8 ends where the
+    uninterrupted run without them ended, and every bundle it saved verifies."""
+    run_dir = str(tmp_path / "run")
+    options = ("--reuse-unchanged", "--compress-policy", "on")
+    first = run_train(run_dir, 4, *options, ray_address=shared_ray)
+    second = run_train(run_dir, 8, *options, ray_address=shared_ray)
+    assert second["resumed_from"] == 4
+    assert second["policy_sha256"] == straight_run["policy_sha256"]
+    assert first["trained_draws"] + second["trained_draws"] == straight_run["trained_draws"]
+    store = BundleStore(run_dir)
+    for step in store.steps():
+        store.open(step).verify()
+    shards = {e.compression for rel, e in store.open(8).manifest.files.items() if rel.endswith(".distcp")}
+    assert shards & {"zstd-planes4"}
+
+
 def test_async_restart_loses_no_prompt_and_trains_none_twice(tmp_path, shared_ray):
     run_dir = str(tmp_path / "run")
     first = run_train(run_dir, 4, "--mode", "async", "--max-staleness", "2", ray_address=shared_ray)

@@ -59,13 +59,19 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--step", type=int, default=None, metavar="N", help="the step (default: the newest bundle that verifies)"
     )
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="take each file whose entry is that of the same file of DST's newest bundle below the step from it "
+        "(a hard link, a copy inside the server) instead of reading it from SRC and sending it again",
+    )
     parser.add_argument("--json", action="store_true", help="print the copy report as JSON")
     _common.add_verify_key_argument(parser)
     _common.add_verbose_argument(parser)
     parser.set_defaults(func=run)
 
 
-def copy_newest(source: Any, dest: Any) -> tuple[Any, list[dict[str, Any]]]:
+def copy_newest(source: Any, dest: Any, reuse: bool = False) -> tuple[Any, list[dict[str, Any]]]:
     """Copy the newest bundle of `source` that verifies (the rule a resume follows): from the newest committed
     step down, each copied as every copy is — every byte checked against the manifest as it is read — until
     one copies; a step whose bytes do not match is skipped (nothing of it is committed at `dest`). Returns
@@ -80,7 +86,7 @@ def copy_newest(source: Any, dest: Any) -> tuple[Any, list[dict[str, Any]]]:
     skipped: list[dict[str, Any]] = []
     for step in sorted(source.steps(), reverse=True):
         try:
-            return copy_bundle(source, step, dest), skipped
+            return copy_bundle(source, step, dest, reuse=reuse), skipped
         except CorruptBundleError as exc:  # the source's bytes (copy_bundle quarantines a corrupt DST bundle)
             skipped.append({"step": step, "reason": str(exc)})
             print(f"rlckpt copy: SKIPPED step {step}: it does not verify ({_common.printable(exc)})", file=sys.stderr)
@@ -97,9 +103,9 @@ def run(args: argparse.Namespace) -> int:
     dest = _common.open_remote(args)
     skipped: list[dict[str, Any]] = []
     if args.step is None:
-        report, skipped = copy_newest(source, dest)
+        report, skipped = copy_newest(source, dest, args.reuse)
     else:
-        report = copy_bundle(source, args.step, dest)
+        report = copy_bundle(source, args.step, dest, reuse=args.reuse)
     dest.open(report.step).verify()  # end to end: every byte as it landed, against the carried manifest
     if args.json:
         record = {"source": args.url, "dest": args.remote, "verified": True, "skipped": skipped}

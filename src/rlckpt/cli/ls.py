@@ -31,7 +31,9 @@ def add_parser(subparsers: Any) -> None:
         help="list the bundles of a store and their state",
         description=(
             "List every step found in a store, committed or not: step, state, signature, size,\n"
-            "files, creation time. States: committed, corrupt, newer, uncommitted, writing, stale.\n"
+            "unchanged (bytes in files the bundle before also holds: with reuse on, taken from it\n"
+            "rather than written), files, creation time. States: committed, corrupt, newer,\n"
+            "uncommitted, writing, stale.\n"
             "--json also shows what wrote each committed bundle: manifest_format, digest,\n"
             "bundle_kind (run, checkpointer) and bundle_format, run_format, writer_version, and\n"
             "its signer: signed_by (a key id), run (the run id),\n"
@@ -78,14 +80,15 @@ def render(records: list[dict[str, Any]]) -> str:
             str(r.get("state")),
             _signature(r),
             _common.format_size(r.get("size")),
+            "-" if r.get("unchanged") is None else _common.format_size(r.get("unchanged")),
             "-" if r.get("files") is None else str(r.get("files")),
             _common.format_time(r.get("created")),
             str(r.get("detail") or ""),
         ]
         for r in records
     ]
-    headers = ["STEP", "STATE", "SIGNATURE", "SIZE", "FILES", "CREATED (UTC)", "DETAIL"]
-    return _common.render_table(headers, rows, right_align={0, 3, 4})
+    headers = ["STEP", "STATE", "SIGNATURE", "SIZE", "UNCHANGED", "FILES", "CREATED (UTC)", "DETAIL"]
+    return _common.render_table(headers, rows, right_align={0, 3, 4, 5})
 
 
 def tier_records(rows: list[Any]) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ the run record: docs/security.md."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -41,6 +42,7 @@ from rlckpt.store.paths.location import given_filesystem_root, open_location
 from rlckpt.store.paths.paths import COMMIT_NAME, MANIFEST_NAME, is_txid, step_dirname, validate_step
 from rlckpt.store.records.intent import DEFAULT_STALE_AFTER
 from rlckpt.store.records.inventory import Inventory
+from rlckpt.store.records.manifest import FileEntry
 from rlckpt.store.records.roster import Roster
 from rlckpt.store.records.run_record import (
     RUN_RECORD_NAME,
@@ -67,6 +69,10 @@ class StoreEntry:
     or manifest of a format this rlckpt does not read: written by a newer one; `detail` names it),
     "uncommitted" (data without COMMIT and no transaction: debris for gc), "writing" (a live
     transaction), "stale" (a transaction presumed dead).
+
+    `unchanged`: of a committed bundle's `size`, the bytes in files whose entries are those of the committed bundle
+    before it (same path, size and digest): with reuse on, what the save took from that bundle instead of
+    writing (stored once on local disk, copied inside the server on S3); None for the first or another state.
 
     A committed entry also says what wrote it: the manifest's format, its files' digest algorithm(s)
     ("+"-joined), the writing rlckpt's version (None before manifest format 2), and the values of the
@@ -95,6 +101,7 @@ class StoreEntry:
     signed_by: str | None = None
     run: str | None = None
     manifest_digest: str | None = None
+    unchanged: int | None = None
 
 
 class BundleStore:
@@ -538,10 +545,18 @@ class BundleStore:
             irregular = inv.irregular_steps()
             steps = set(inv.steps) | set(intents) | set(irregular)
             trust = self._trust()
-            return [
+            found = [
                 self._entry(step, inv, intents.get(step), irregular.get(step), metadata_keys, trust)
                 for step in sorted(steps)
             ]
+        entries, before = [], None
+        for entry, files in found:
+            if files is not None and before is not None:
+                same = sum(e.size for rel, e in files.items() if before.get(rel) == e)
+                entry = dataclasses.replace(entry, unchanged=same)
+            entries.append(entry)
+            before = files if files is not None else before
+        return entries
 
     def _entry(
         self,
@@ -551,7 +566,8 @@ class BundleStore:
         irregular: str | None,
         metadata_keys: Collection[str],
         trust: Trust | None,
-    ) -> StoreEntry:
+    ) -> tuple[StoreEntry, dict[str, FileEntry] | None]:
+        """The entry of `step`, and the files of its manifest when it is committed."""
         path = self.backend.path(step_dirname(step))
         files = inv.steps.get(step, {})
         data_files = {k: v for k, v in files.items() if k not in (COMMIT_NAME, MANIFEST_NAME)}
@@ -562,13 +578,15 @@ class BundleStore:
             created = None if started is None else _iso(started)
             detail = intent.describe() + (f": {reason}" if reason else "")
             state = "stale" if reason else "writing"
-            return StoreEntry(step, state, sum(staged.values()), len(staged), created, intent.txid, detail, path)
+            return StoreEntry(step, state, sum(staged.values()), len(staged), created, intent.txid, detail, path), None
 
-        def unread(state: str, detail: str, signature: str | None = None) -> StoreEntry:
+        def unread(
+            state: str, detail: str, signature: str | None = None
+        ) -> tuple[StoreEntry, dict[str, FileEntry] | None]:
             """An entry whose records were not read (or did not read): what the listing says of it."""
             return StoreEntry(
                 step, state, sum(files.values()), len(data_files), None, None, detail, path, signature=signature
-            )
+            ), None
 
         if irregular is not None:
             return unread("corrupt", f"step {step} at {self.url}: {irregular}")
@@ -582,7 +600,7 @@ class BundleStore:
         except NewerFormatError as exc:
             return unread("newer", str(exc))
         manifest, marker = checked.manifest, checked.marker
-        return StoreEntry(
+        committed = StoreEntry(
             step,
             "committed",
             manifest.total_size,
@@ -600,6 +618,7 @@ class BundleStore:
             run=marker.run,
             manifest_digest=str(marker.manifest),
         )
+        return committed, manifest.files
 
     # --- maintenance --------------------------------------------------------------------------
     def gc(
