@@ -237,6 +237,46 @@ def test_sigkilled_writer_leaves_earlier_bundle_intact_and_gc_cleans_up(store_lo
     assert store.steps() == [1, 2]
 
 
+REUSING_WRITER = textwrap.dedent(
+    """
+    import json, sys, time
+    from rlckpt.store import BundleStore
+    url, options = sys.argv[1], json.loads(sys.argv[2])
+    store = BundleStore(url, options)
+    txn = store.begin(2, reuse=True)
+    txn.write_bytes("frozen.bin", b"f" * 100_000)   # step 1's: taken from it (a link, a server-side copy)
+    assert list(txn.reused) == ["frozen.bin"], txn.reused
+    stream = txn.open("big.bin")
+    stream.write(b"b" * (20 << 20))
+    stream.flush()
+    print("writing", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_a_sigkilled_reusing_writer_leaves_the_bundle_it_took_from_whole_and_gc_cleans_up(store_location):
+    url, options = store_location
+    store = BundleStore(url, options)
+    with store.begin(1) as txn:
+        txn.write_bytes("frozen.bin", b"f" * 100_000)
+        txn.commit()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", REUSING_WRITER, url, json.dumps(options or {})], stdout=subprocess.PIPE
+    )
+    try:
+        assert proc.stdout.readline().strip() == b"writing"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert store.steps() == [1]
+    store.gc()
+    assert debris(store) == []
+    bundle = store.open(1)
+    bundle.verify()
+    assert bundle.read_bytes("frozen.bin") == b"f" * 100_000
+
+
 def test_unfinished_s3_file_closed_by_its_finalizer_publishes_nothing(s3_run_url, s3_storage_options):
     """fsspec's __del__ closes an abandoned unfinished file (e.g. garbage in a reference cycle, finalizers in
     any order): only the store's success path may publish an object, so that close must not."""

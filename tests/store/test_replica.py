@@ -297,6 +297,23 @@ def test_an_adopted_file_that_does_not_read_back_intact_is_copied_again(ends):
     assert stored_bytes(dst, 3) == stored_bytes(src, 3)
 
 
+def test_a_file_a_dead_copy_left_that_does_not_read_back_is_taken_from_the_destinations_bundle_before(ends):
+    src, dst = ends
+    for step in (2, 3):
+        with src.begin(step) as txn:
+            txn.write_bytes("frozen.bin", b"f" * 5000)
+            txn.write_bytes("live.bin", bytes([step]) * 100)
+            txn.commit()
+    copy_bundle(src, 2, dst)
+    txn = dst.begin(3, txid=src.records(3).manifest.txid)
+    txn.write_bytes("frozen.bin", b"Y" * 5000)  # what an attempt that died wrong left in place
+    declare_writers_dead(dst)
+    report = copy_bundle(src, 3, dst, reuse=True)
+    assert (report.adopted_files, report.reused_files, report.copied_files) == (0, 1, 1)
+    dst.open(3).verify()
+    assert dst.open(3).read_bytes("frozen.bin") == b"f" * 5000
+
+
 def test_an_s3_server_gone_mid_copy_commits_nothing_and_the_next_copy_goes_through_once_it_is_back(
     tmp_path, s3_run_url, s3_storage_options
 ):

@@ -179,3 +179,24 @@ def test_a_copy_with_reuse_takes_unchanged_files_from_the_destinations_previous_
     assert read_back(dest, 2) == frozen_and_live(2)
     dest.gc(keep_last=1)
     assert read_back(dest, 2) == frozen_and_live(2)
+
+
+def test_on_local_disk_a_symlink_planted_as_the_bases_file_is_not_followed(tmp_path):
+    store = BundleStore(str(tmp_path / "run"))
+    save(store, 1, {"a.bin": FROZEN})
+    secret = tmp_path / "secret"
+    secret.write_bytes(FROZEN)  # the same bytes: only the refusal to follow stops the link
+    planted = stored_path(store, 1, "a.bin")
+    os.remove(planted)
+    os.symlink(secret, planted)
+    assert save(store, 2, {"a.bin": FROZEN}) == {}
+    assert read_back(store, 2) == {"a.bin": FROZEN}
+    assert not os.path.islink(stored_path(store, 2, "a.bin"))
+    assert os.stat(stored_path(store, 2, "a.bin")).st_ino != os.stat(secret).st_ino
+
+
+def test_a_bases_file_of_another_size_is_not_taken(store):
+    save(store, 1, {"a.bin": FROZEN})
+    store.fs.pipe_file(stored_path(store, 1, "a.bin"), FROZEN[:-1])  # truncated behind the store's back
+    assert save(store, 2, {"a.bin": FROZEN}) == {}
+    assert read_back(store, 2) == {"a.bin": FROZEN}

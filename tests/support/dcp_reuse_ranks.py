@@ -24,7 +24,7 @@ class ReuseSpec:
     workdir: str
 
 
-def frozen_first_layer(model: torch.nn.Module) -> torch.optim.Optimizer:
+def frozen_first_layer(model: torch.nn.Sequential) -> torch.optim.Optimizer:
     """Freeze the model's first layer; AdamW over the rest (the frozen layer then has no moments)."""
     for param in model[0].parameters():
         param.requires_grad_(False)

@@ -331,6 +331,8 @@ class LocalBackend(Backend):
             if os.fstat(fd).st_size != size:
                 return False
             with self._nothing_in_the_way(target), self._run.parent(target, create=True) as (dir_fd, name):
+                with contextlib.suppress(FileNotFoundError):  # a dead attempt's file there (a replica resumed)
+                    os.unlink(name, dir_fd=dir_fd)
                 try:  # linkat(2) of the open file (its /proc/self/fd link, followed) into the pinned directory
                     os.link(pinned_path(fd), name, dst_dir_fd=dir_fd, follow_symlinks=True)
                 except OSError as exc:

@@ -209,12 +209,17 @@ class ObjectBackend(Backend):
     def reuse_file(self, source: str, target: str, size: int) -> bool:
         """A copy made by the server (S3: CopyObject, a multipart copy above 5 GiB): no byte goes through
         the client. The source lies under its bundle's txid, which only that transaction ever wrote; one
-        deleted meanwhile (retention, gc) is not copied, and the writer sends the bytes instead."""
+        deleted meanwhile (retention, gc) is not copied, and the writer sends the bytes instead; a copy of another
+        size than the entry's (the source replaced behind the store's back) is removed, and the bytes sent too.
+        Two requests: the copy, and a HEAD of what it made."""
         try:
             self.fs.copy(source, target)
+            if self.fs.info(target)["size"] == size:
+                return True
         except FileNotFoundError:
             return False
-        return True
+        self.fs.rm_file(target)
+        return False
 
     def make_visible(self, step_dir: str, txid: str, manifest: bytes, commit: bytes) -> None:
         try:
