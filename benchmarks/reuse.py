@@ -33,7 +33,8 @@ what it does:
 examples:
   python -m benchmarks.reuse                                     # 1024 MiB x 1,2 ranks x local,moto
   bash scripts/rgw.sh start
-  python -m benchmarks.reuse --destinations local,moto,rgw --rgw-endpoint http://127.0.0.1:7480 --ranks 1,2,4
+  python -m benchmarks.reuse --destinations local,moto,rgw --rgw-endpoint http://127.0.0.1:7480 \
+      --rgw-reclaim 'bash scripts/rgw.sh gc' --ranks 1,2,4
   python -m benchmarks.reuse --quick --destinations local --out /tmp/reuse_smoke.json
 """
 
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rgw-endpoint", metavar="URL", default=None, help="S3 endpoint of a Ceph RGW (scripts/rgw.sh)")
     p.add_argument("--rgw-key", default="testing", metavar="KEY", help="access key for --rgw-endpoint")
     p.add_argument("--rgw-secret", default="testing", metavar="SECRET", help="secret key for --rgw-endpoint")
+    p.add_argument("--rgw-reclaim", default=None, metavar="COMMAND", help="run after each removal from RGW (untimed)")
     p.add_argument("--scratch-dir", default=None, metavar="DIR", help="where local disk and scratch live")
     p.add_argument("--quick", action="store_true", help="tiny run for a smoke test: 16 MiB, 1 rank, 1 save")
     p.add_argument(
@@ -161,6 +163,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     "local" if d.storage_options is None else "s3",
                     {s: d.run_url(f"{s}-{n}r") for s in SYSTEMS},
                     d.storage_options,
+                    args.rgw_reclaim if "rgw" in d.name else None,
                 )
                 for d in chosen
             ]

@@ -23,6 +23,7 @@ class ReuseDestination:
     kind: str  # "local" or "s3"
     run_urls: dict[str, str]  # system -> a fresh run
     storage_options: dict[str, Any] | None
+    reclaim_command: str | None = None  # run (untimed) after each removal: RGW frees deleted objects then
 
 
 @dataclass(frozen=True)
@@ -86,12 +87,21 @@ def half_frozen_policy(mesh: Any, width: int) -> tuple[Any, Any]:
 
 
 def train(model: Any, optim: Any, width: int, seed: int) -> None:
+    """One real AdamW step on gradients drawn from `seed` for the trained layers (the frozen ones have none): every
+    trained weight and moment changes at every save, as in a run, which a toy loss would not guarantee (its
+    ReLUs die, its gradients go to zero and bf16 rounds the shrinking updates away)."""
     import torch
+    from torch.distributed.tensor import DTensor
 
-    batch = torch.randn(8, width, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
-    optim.zero_grad()
-    model(batch).float().pow(2).mean().backward()
+    generator = torch.Generator().manual_seed(seed)
+    for param in (p for p in model.parameters() if p.requires_grad):
+        local = param.to_local() if isinstance(param, DTensor) else param
+        grad = (torch.randn(local.shape, generator=generator) * 0.01).to(local.dtype)
+        param.grad = (
+            DTensor.from_local(grad, param.device_mesh, param.placements) if isinstance(param, DTensor) else grad
+        )
     optim.step()
+    optim.zero_grad()
 
 
 def _taken(store: Any, step: int) -> int:
@@ -157,6 +167,8 @@ def reuse_rank(rank: int, world_size: int, port: int, job: ReuseJob) -> None:
                             flush=True,
                         )
                         store.gc(keep_last=1)  # the reusing run keeps its base: the bundle just saved
+                        if dest.reclaim_command:
+                            _reclaim(dest.reclaim_command)
                     dist.barrier()
                 expected = {k: v.clone() for k, v in flat_tensors(policy_state(model, optim)).items()}
             for system in SYSTEMS:  # the last save of each system, loaded into a zeroed state, bit for bit
@@ -172,6 +184,12 @@ def reuse_rank(rank: int, world_size: int, port: int, job: ReuseJob) -> None:
     if rank == 0:
         with open(job.out_path, "w") as out:
             json.dump(records, out)
+
+
+def _reclaim(command: str) -> None:
+    from benchmarks.lib.policy import _reclaim as reclaim  # the policy benchmark's: logged, never raised
+
+    reclaim(command)
 
 
 def _timed_save(store: Any, step: int, reuse: bool, model: Any, optim: Any, thread_count: int) -> tuple[float, float]:

@@ -2,7 +2,8 @@
 
 `from rlckpt import Checkpointer` is the entry point for a trainer rlckpt does not own (docs/trainer.md), with
 everything its settings and results name: CheckpointerConfig, SaveAndStop, Retention, ReplicationConfig,
-SigningKey, VerifyKey, SaveResult, Restored. Each is imported on first use: `import rlckpt` stays free of
+SigningKey, VerifyKey, SaveResult, Restored; `export_safetensors` and `load_state` take a bundle's policy out
+(docs/export.md). Each is imported on first use: `import rlckpt` stays free of
 torch.
 """
 
@@ -15,6 +16,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from rlckpt.checkpointer import Checkpointer, CheckpointerConfig, Restored, SaveAndStop, SaveResult
+    from rlckpt.export import export_safetensors, load_state
     from rlckpt.store import Retention, SigningKey, VerifyKey
     from rlckpt.tiers import ReplicationConfig
 
@@ -29,6 +31,8 @@ _LAZY = {
     "SigningKey": "rlckpt.store",
     "VerifyKey": "rlckpt.store",
     "ReplicationConfig": "rlckpt.tiers",
+    "export_safetensors": "rlckpt.export",
+    "load_state": "rlckpt.export",
 }
 
 __all__ = [
@@ -42,6 +46,8 @@ __all__ = [
     "SigningKey",
     "VerifyKey",
     "__version__",
+    "export_safetensors",
+    "load_state",
 ]
 
 

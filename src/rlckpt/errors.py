@@ -312,3 +312,9 @@ class LoaderStateError(GRPOError, CheckpointError):
 
 class WeightsNotSetError(GRPOError):
     """A generation worker was asked to generate before it received any weights."""
+
+
+class ExportError(CheckpointError):
+    """An export of a bundle's tensors (`rlckpt export`, `rlckpt.export_safetensors`, `rlckpt.load_state`) cannot
+    go on as asked: an output that exists and is not empty, a piece the bundle does not hold, a rename that
+    gives two tensors one name. Nothing that looks complete is left at the output."""

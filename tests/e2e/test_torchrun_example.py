@@ -137,6 +137,29 @@ def test_compress_policy_auto_stores_the_state_in_planes_on_s3_and_raw_on_local_
         assert kinds == ({None} if run.options is None else {"zstd-planes4"}), (step, kinds)
 
 
+def test_the_examples_model_exports_to_safetensors_bit_identical_to_the_weights_it_ended_with(two_parts, tmp_path):
+    """The Checkpointer's bundle of the example's last step, exported with the model's own names: the digest of
+    what safetensors loads back is the example's digest of its full weights (the same names, dtypes, bytes)."""
+    import hashlib
+
+    import torch
+    from safetensors.torch import load_file
+
+    import rlckpt
+
+    run, _, second = two_parts
+    out = tmp_path / "model"
+    report = rlckpt.export_safetensors(run.url, out=str(out), storage_options=run.options, rename=["train.model.="])
+    assert report.step == 6 and report.piece == "state"
+    weights = load_file(out / "model.safetensors")
+    digest = hashlib.sha256()
+    for name in sorted(weights):
+        tensor = weights[name].contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    assert digest.hexdigest() == second["weights_sha256"]
+
+
 @pytest.fixture(scope="module")
 def preempted(location) -> tuple[Run, dict[str, Any], int]:
     """A long run (its first save would be at step 1000) sent SIGTERM once rank 0 has reported step 2: its

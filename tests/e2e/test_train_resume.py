@@ -152,3 +152,18 @@ def test_sigterm_with_on_sigterm_exit_aborts_the_save_in_flight_cleanly(tmp_path
     store = BundleStore(run_dir)
     assert store.steps() == [2]
     assert [e.step for e in store.entries() if e.state != "committed"] == [], log.read_text()[-3000:]
+
+
+def test_the_grpo_policy_exports_to_safetensors_bit_identical_to_the_runs_final_weights(straight_run, tmp_path, capsys):
+    """`rlckpt export` of the uninterrupted run's last bundle: the weights safetensors loads back are, bit for
+    bit, the policy the run ended with (its summary's digest, over the trainer's own names)."""
+    from safetensors.torch import load_file
+
+    from rlckpt.cli.main import main
+    from rlckpt.grpo import weights_sha256
+
+    out = tmp_path / "policy"
+    assert main(["export", straight_run["run_dir"], "--out", str(out), "--rename", "model.=", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["step"] == 8 and [f["name"] for f in report["files"]] == ["model.safetensors"]
+    assert weights_sha256(load_file(out / "model.safetensors")) == straight_run["policy_sha256"]

@@ -30,6 +30,7 @@ SUBCOMMANDS: tuple[str, ...] = (
     "rlckpt.cli.verify",
     "rlckpt.cli.gc",
     "rlckpt.cli.copy",
+    "rlckpt.cli.export",
     "rlckpt.cli.train",
     "rlckpt.cli.keygen",
     "rlckpt.cli.bench",
@@ -43,6 +44,7 @@ examples:
   rlckpt gc /data/run1 --keep-last 3 --dry-run
   rlckpt keygen --out ~/.rlckpt/run1 && rlckpt ls /data/run1 --verify-key ~/.rlckpt/run1/signing.pub
   rlckpt copy /nvme/run1 s3://bucket/run1 --step 200
+  rlckpt export /data/run1 --out /models/run1 --dtype bf16
 
 exit codes: 0 ok, 1 corrupt bundle, 2 uncommitted or missing bundle, 3 other error (store
 unreachable or forbidden, bucket missing, no Ray cluster at --ray-address, a store of another run than

@@ -143,9 +143,8 @@ class FileWriter:
             self._reserve(relpath)
             path = f"{self._data_root}/{relpath}"
             try:
-                if (
-                    may_reuse and self.base is not None and relpath in self.base.files
-                ):  # held until it is known to be unchanged
+                held = may_reuse and self.base is not None and relpath in self.base.files  # until known unchanged
+                if held:
                     raw: Any = Spool(functools.partial(self.backend.open_write, path))
                 else:
                     with self._storage(f"opening {relpath}"):
