@@ -10,14 +10,25 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
-from rlckpt.export.consolidate import cast, default_only, dtype_of, load_batch, open_bundle, open_piece, selected
+from rlckpt.export.consolidate import (
+    TensorInfo,
+    cast,
+    default_only,
+    dtype_of,
+    load_batch,
+    open_bundle,
+    open_piece,
+    selected,
+)
 from rlckpt.export.names import PrefixRule, Rename, export_names, renamer
 from rlckpt.export.safetensors_out import (
     INDEX,
     PROVENANCE,
     ExportTarget,
+    TensorSlot,
     WrittenFile,
     index_of,
     iter_names,
@@ -103,10 +114,12 @@ def export_safetensors(
         kept = [t for t in chosen if t.name in names]
         by_export = {names[t.name]: t for t in kept}
 
+        def out_dtype(info: TensorInfo) -> torch.dtype:
+            return cast_to if cast_to is not None and info.dtype.is_floating_point else info.dtype
+
         def out_bytes(name: str) -> int:
             info = by_export[name]
-            itemsize = cast_to.itemsize if cast_to is not None and info.dtype.is_floating_point else info.dtype.itemsize
-            return info.nbytes // info.dtype.itemsize * itemsize
+            return info.nbytes // info.dtype.itemsize * out_dtype(info).itemsize
 
         shards = plan_shards([(n, out_bytes(n)) for n in by_export], max_shard_size) if kept else []
         total = sum(out_bytes(n) for n in by_export)
@@ -124,11 +137,20 @@ def export_safetensors(
         meta = {"format": "pt", "rlckpt_step": str(bundle.step), "rlckpt_source": bundle.url}
         with tqdm(total=total, unit="B", unit_scale=True, desc="export", disable=not progress, file=sys.stderr) as bar:
             for file_name, shard in iter_names(shards):
-                loaded = load_batch(opened, [by_export[n] for n in shard])
-                tensors = {n: cast(loaded.pop(by_export[n].name), cast_to).contiguous() for n in shard}
-                report.files.append(target.write_shard(file_name, tensors, meta))
-                bar.update(sum(t.nbytes for t in tensors.values()))
-                del loaded, tensors
+                slots = [TensorSlot(n, out_dtype(by_export[n]), by_export[n].shape) for n in shard]
+                stream = target.open_shard(file_name, slots, meta)
+                try:
+                    loaded = load_batch(opened, [by_export[n] for n in shard])  # one shard's tensors at a time
+                    for n in shard:
+                        tensor = cast(loaded.pop(by_export[n].name), cast_to)
+                        stream.write(n, tensor)
+                        bar.update(tensor.nbytes)
+                        del tensor
+                    del loaded
+                except BaseException:
+                    stream.abandon()
+                    raise
+                report.files.append(target.close_shard(stream))
         if len(report.files) > 1:
             target.write_json(INDEX, index_of(report.files, total))
         report.seconds = time.perf_counter() - started

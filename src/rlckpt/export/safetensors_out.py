@@ -20,7 +20,7 @@ from typing import Any
 
 import blake3
 import fsspec
-from safetensors.torch import save_file
+import torch
 
 from rlckpt.errors import ExportError
 
@@ -46,10 +46,102 @@ class WrittenFile:
     tensors: list[str] = field(default_factory=list)
 
 
-def blake3_of(path: str) -> str:
-    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    hasher.update_mmap(path)
-    return hasher.hexdigest()
+# The safetensors format's dtype names (its spec, https://github.com/huggingface/safetensors#format).
+DTYPE_NAMES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+    torch.uint16: "U16",
+    torch.uint32: "U32",
+    torch.uint64: "U64",
+}
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """One tensor of a safetensors file as its header states it, before its bytes are written."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count * self.dtype.itemsize
+
+
+def header_bytes(slots: list[TensorSlot], metadata: dict[str, str]) -> bytes:
+    """The file's start: the header's length (8 bytes, little-endian) and the header, JSON naming each tensor's
+    dtype, shape and byte range (in `slots` order, back to back), padded with spaces to 8 bytes."""
+    obj: dict[str, Any] = {"__metadata__": dict(metadata)}
+    at = 0
+    for slot in slots:
+        if slot.dtype not in DTYPE_NAMES:
+            raise ExportError(f"{slot.name}: safetensors has no dtype {slot.dtype}")
+        obj[slot.name] = {
+            "dtype": DTYPE_NAMES[slot.dtype],
+            "shape": list(slot.shape),
+            "data_offsets": [at, at + slot.nbytes],
+        }
+        at += slot.nbytes
+    text = json.dumps(obj, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text
+
+
+class ShardStream:
+    """A safetensors file written as its tensors come: the header first (every dtype and shape is known from
+    the bundle's `.metadata` before a byte is read), then each tensor's bytes straight from its memory, in the
+    header's order, hashed (BLAKE3) as they go. `write(tensor)` refuses one that is not the next slot's."""
+
+    def __init__(self, path: str, slots: list[TensorSlot], metadata: dict[str, str]) -> None:
+        self.path = path
+        self._slots = list(slots)
+        self._next = 0
+        self._hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+        self._file = open(path, "wb")  # noqa: SIM115  # closed by finish() or abandon()
+        self._put(header_bytes(self._slots, metadata))
+
+    def _put(self, data: Any) -> None:
+        self._hasher.update(data)
+        self._file.write(data)
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        slot = self._slots[self._next] if self._next < len(self._slots) else None
+        if slot is None or slot.name != name or tensor.dtype != slot.dtype or tuple(tensor.shape) != slot.shape:
+            raise ExportError(f"{self.path}: {name} ({tensor.dtype}, {tuple(tensor.shape)}) is not the next tensor")
+        if slot.nbytes:
+            self._put(tensor.contiguous().reshape(-1).view(torch.uint8).numpy().data)  # its memory, not a copy
+        self._next += 1
+
+    def finish(self) -> WrittenFile:
+        """Close the file once every slot is written (fsynced); its size and digest."""
+        if self._next != len(self._slots):
+            raise ExportError(f"{self.path}: {len(self._slots) - self._next} tensors were never written")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        return WrittenFile(
+            os.path.basename(self.path),
+            os.path.getsize(self.path),
+            self._hasher.hexdigest(),
+            [s.name for s in self._slots],
+        )
+
+    def abandon(self) -> None:
+        self._file.close()
 
 
 class ExportTarget:
@@ -107,22 +199,22 @@ class ExportTarget:
                 with contextlib.suppress(Exception):
                     self.fs.rm_file(path)
 
-    def write_shard(self, name: str, tensors: dict[str, Any], metadata: dict[str, str]) -> WrittenFile:
-        """One safetensors file of `tensors`: written (locally: into staging; else to a scratch file, then
-        uploaded), its BLAKE3 taken from the bytes on disk."""
-        if self._staging is not None:
-            path = os.path.join(self._staging, name)
-            save_file(tensors, path, metadata=metadata)
-            return WrittenFile(name, os.path.getsize(path), blake3_of(path), list(tensors))
-        if not self._written and self.overwrite:
-            self._clear_remote()
-        scratch = os.path.join(self._scratch, name)
-        save_file(tensors, scratch, metadata=metadata)
-        written = WrittenFile(name, os.path.getsize(scratch), blake3_of(scratch), list(tensors))
-        target = f"{self.root.rstrip('/')}/{name}"
-        self._written.append(target)
-        self.fs.put_file(scratch, target)
-        os.remove(scratch)
+    def open_shard(self, name: str, slots: list[TensorSlot], metadata: dict[str, str]) -> ShardStream:
+        """A shard file to stream tensors into (locally: in staging; else a scratch file, uploaded by
+        `close_shard`)."""
+        folder = self._staging if self._staging is not None else self._scratch
+        return ShardStream(os.path.join(folder, name), slots, metadata)
+
+    def close_shard(self, stream: ShardStream) -> WrittenFile:
+        """Finish a shard stream: fsynced in staging, or uploaded to the object store and its scratch copy gone."""
+        written = stream.finish()
+        if self._staging is None:
+            if not self._written and self.overwrite:
+                self._clear_remote()
+            target = f"{self.root.rstrip('/')}/{written.name}"
+            self._written.append(target)
+            self.fs.put_file(stream.path, target)
+            os.remove(stream.path)
         return written
 
     def _clear_remote(self) -> None:
