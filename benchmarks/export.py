@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 from typing import Any
 
 from benchmarks.policy import destination_names, open_destinations
@@ -25,9 +24,10 @@ EPILOG = """\
 what it does:
   For each rank count and size, the ranks (gloo, FSDP2 on a CPU mesh) save an MLP of 8 fp32 layers (weights only:
   what an export takes) as bundle 1 through BundleStorageWriter. Then, each in a fresh process: a raw read of every
-  file under policy/ into one reused buffer (no digest, no torch: the floor), and `rlckpt.export_safetensors` of
+  file under policy/ into one reused buffer (no digest, no torch: the floor), a raw copy (that read written to
+  one local file and fsynced: the floor of anything that writes the bytes), and `rlckpt.export_safetensors` of
   the bundle to a local directory (every file digest-checked, each tensor consolidated whole, written as one
-  safetensors file under the default 5 GB shard size). Each child's peak RSS is read from the kernel (wait4),
+  safetensors file under the default 5 GB shard size). Each child's peak RSS is its VmHWM (/proc/self/status),
   and held against a third child that only makes the export's imports (torch alone is ~300 MiB).
   Goals (issue 41): export <= 1.2x the raw read's time; peak RSS <= largest tensor + shard size + 256 MiB.
 
@@ -64,17 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _child(*args: str) -> tuple[dict[str, Any], int]:
-    """Run `python -m benchmarks.lib.export_bench ARGS` and return what it printed and its peak RSS in bytes."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.lib.export_bench", *args], stdout=subprocess.PIPE, text=True
+    """Run `python -m benchmarks.lib.export_bench ARGS` and return what it printed and its peak RSS in bytes (its
+    own VmHWM, read by the child as it ends)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.lib.export_bench", *args], stdout=subprocess.PIPE, text=True, check=False
     )
-    assert proc.stdout is not None
-    out = proc.stdout.read()
-    _pid, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise RuntimeError(f"benchmarks.lib.export_bench {args[0]} exited {proc.returncode}")
-    return json.loads(out.strip().splitlines()[-1]), usage.ru_maxrss * 1024
+    if done.returncode != 0:
+        raise RuntimeError(f"benchmarks.lib.export_bench {args[0]} exited {done.returncode}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return result, int(result["peak_rss"])
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -97,6 +95,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     options = json.dumps(dest.storage_options or {})
                     raw, raw_rss = _child("raw", url, options)
                     out = tempfile.mkdtemp(prefix="rlckpt-export-bench-", dir=scratch)
+                    copied, _ = _child("copy", url, options, os.path.join(out, "copy.bin"))
                     shutil.rmtree(out)
                     exported, export_rss = _child("export", url, options, out)
                     largest = largest_tensor_bytes(url, dest.storage_options)
@@ -109,6 +108,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                         "raw_s": raw["seconds"],
                         "export_s": exported["seconds"],
                         "time_ratio": exported["seconds"] / raw["seconds"],
+                        "copy_s": copied["seconds"],
+                        "copy_ratio": exported["seconds"] / copied["seconds"],
                         "raw_peak_rss": raw_rss,
                         "export_peak_rss": export_rss,
                         "baseline_rss": baseline_rss,  # the same imports, nothing read
@@ -118,8 +119,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     }
                     points.append(point)
                     print(
-                        f"  {dest.name:<10} {n} ranks {size:>6g} MiB: raw {raw['seconds']:6.2f} s, export "
-                        f"{exported['seconds']:6.2f} s ({point['time_ratio']:.2f}x), peak RSS "
+                        f"  {dest.name:<10} {n} ranks {size:>6g} MiB: raw {raw['seconds']:6.2f} s, copy "
+                        f"{copied['seconds']:6.2f} s, export {exported['seconds']:6.2f} s ({point['time_ratio']:.2f}x "
+                        f"the read, {point['copy_ratio']:.2f}x the copy), peak RSS "
                         f"{export_rss / 2**20:.0f} MiB, {point['export_extra_rss'] / 2**20:.0f} over its imports "
                         f"(bound {point['rss_bound'] / 2**20:.0f})",
                         flush=True,
@@ -147,16 +149,18 @@ def markdown(document: dict[str, Any]) -> str:
         f"Command: `{meta['command']}` ({meta['date_utc']}, commit {meta.get('git_commit')}, load average at start "
         f"{meta.get('load_average_1m', 0):.1f})\n",
         "One export per point, in a fresh process, beside a raw read of the same files in another (no digest, no "
-        "torch). The model is fp32 weights only, saved by the ranks through BundleStorageWriter; the export writes "
-        "one safetensors file (5 GB shards). Peak RSS is each child's, from the kernel.\n",
-        "| destination | saved by | model MiB | raw read s | export s | ratio | export peak RSS MiB (over its "
-        "imports) | bound MiB |",
-        "|---|---|---|---|---|---|---|---|",
+        "torch) and a raw copy (that read written to one local file, fsynced: what any export that writes its "
+        "bytes costs at least). The model is fp32 weights only, saved by the ranks through BundleStorageWriter; "
+        "the export writes one safetensors file (5 GB shards). Peak RSS is each child's VmHWM.\n",
+        "| destination | saved by | model MiB | raw read s | raw copy s | export s | / read | / copy | export peak "
+        "RSS MiB (over its imports) | bound MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in document["points"]:
         lines.append(
             f"| {p['destination']} | {p['ranks']} ranks | {p['model_bytes'] / 2**20:.0f} | {p['raw_s']:.2f} | "
-            f"{p['export_s']:.2f} | {p['time_ratio']:.2f} | {p['export_peak_rss'] / 2**20:.0f} "
+            f"{p['copy_s']:.2f} | {p['export_s']:.2f} | {p['time_ratio']:.2f} | {p['copy_ratio']:.2f} | "
+            f"{p['export_peak_rss'] / 2**20:.0f} "
             f"({p['export_extra_rss'] / 2**20:.0f}) | {p['rss_bound'] / 2**20:.0f} |"
         )
     lines += ["", "Goals:", "", "| goal | where | measured | met |", "|---|---|---|---|"]
@@ -175,18 +179,9 @@ def markdown(document: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlckpt.bench.report import write_json
+    from benchmarks.lib.results import measure_and_report
 
-    out = Path(args.out)
-    document = json.loads(Path(args.replot).read_text()) if args.replot else measure(args)
-    if not args.replot:
-        write_json(out, document)
-    text = markdown(document)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text(text)
-    print(text)
-    print(f"wrote {out} and {out.with_suffix('.md')}", file=sys.stderr)
-    return 0
+    return measure_and_report(args, measure, markdown)
 
 
 def main(argv: list[str] | None = None) -> int:

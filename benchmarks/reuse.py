@@ -181,18 +181,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rlckpt.bench.report import write_json
+    from benchmarks.lib.results import measure_and_report
 
-    out = Path(args.out)
-    document = json.loads(Path(args.replot).read_text()) if args.replot else measure(args)
-    if not args.replot:
-        write_json(out, document)
-    text = markdown(document)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".md").write_text(text)
-    print(text)
-    print(f"wrote {out} and {out.with_suffix('.md')}", file=sys.stderr)
-    return 0
+    return measure_and_report(args, measure, markdown)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,8 @@
 """The parts of `python -m benchmarks.export`: ranks that save a sharded fp32 model (FSDP2, no optimizer: what an
-export takes) as one bundle, and the two measured children, each a fresh process so that its peak RSS is its own:
-`export` (rlckpt.export_safetensors to a local dir) and `raw` (every file of the bundle's policy/ read once into
-a reused buffer, nothing checked: the floor an export is held to)."""
+export takes) as one bundle, and the measured children, each a fresh process so that its peak RSS is its own:
+`export` (rlckpt.export_safetensors to a local dir), `raw` (every file of the bundle's policy/ read once into a
+reused buffer, nothing checked: the floor an export is held to) and `copy` (the same read, written to one local
+file and fsynced: the floor of an export that writes what it reads)."""
 
 from __future__ import annotations
 
@@ -78,6 +79,32 @@ def raw_child(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
     return {"seconds": time.perf_counter() - started, "bytes": total, "files": len(files)}
 
 
+def copy_child(url: str, options: dict[str, Any] | None, out: str) -> dict[str, Any]:
+    """The same files read as `raw_child` reads them, each written to one local file and that file fsynced: the
+    floor of any export that writes the bytes it read (no digest, no torch)."""
+    from rlckpt.store import BundleStore
+
+    store = BundleStore(url, options)
+    bundle = store.open(1)
+    files = {rel: e.size for rel, e in bundle.manifest.files.items() if rel.startswith("policy/")}
+    backend = store.backend
+    root = backend.bundle_root("step_1", bundle.manifest.txid)
+    buffer = bytearray(max(files.values()))
+    started = time.perf_counter()
+    total = 0
+    with open(out, "wb") as sink:
+        for rel, size in sorted(files.items()):
+            view = memoryview(buffer)[:size]
+            got = backend.read_into(f"{root}/{rel}", view, 0)
+            sink.write(view[:got])
+            total += got
+        sink.flush()
+        os.fsync(sink.fileno())
+    seconds = time.perf_counter() - started
+    os.remove(out)
+    return {"seconds": seconds, "bytes": total, "files": len(files)}
+
+
 def largest_tensor_bytes(url: str, options: dict[str, Any] | None) -> int:
     from rlckpt.export.consolidate import open_bundle, open_piece
 
@@ -93,14 +120,28 @@ def baseline_child() -> dict[str, Any]:
     return {"seconds": 0.0, "bytes": 0, "files": 0}
 
 
+def peak_rss() -> int:
+    """This process's peak resident set (VmHWM of /proc/self/status), in bytes."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
 def main(argv: list[str]) -> int:
     what = argv[0]
     if what == "baseline":
-        print(json.dumps(baseline_child()), flush=True)
+        print(json.dumps({**baseline_child(), "peak_rss": peak_rss()}), flush=True)
         return 0
     url, options = argv[1], json.loads(argv[2]) or None
-    result = export_child(url, options, argv[3]) if what == "export" else raw_child(url, options)
-    print(json.dumps(result), flush=True)
+    if what == "export":
+        result = export_child(url, options, argv[3])
+    elif what == "copy":
+        result = copy_child(url, options, argv[3])
+    else:
+        result = raw_child(url, options)
+    print(json.dumps({**result, "peak_rss": peak_rss()}), flush=True)
     return 0
 
 

@@ -9,7 +9,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from rlckpt.errors import ExportError
-from rlckpt.export.safetensors_out import DTYPE_NAMES, ShardStream, TensorSlot
+from rlckpt.export.consolidate import TensorInfo
+from rlckpt.export.safetensors_out import DTYPE_NAMES, ShardStream
 
 SHAPES = [(), (0,), (1,), (3, 5), (2, 0, 4), (7, 1, 3)]
 
@@ -24,7 +25,7 @@ def sample(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tenso
 
 
 def write(path, tensors: dict[str, torch.Tensor], metadata=None):
-    slots = [TensorSlot(name, t.dtype, tuple(t.shape)) for name, t in tensors.items()]
+    slots = [TensorInfo(name, t.dtype, tuple(t.shape)) for name, t in tensors.items()]
     stream = ShardStream(str(path), slots, metadata or {"format": "pt"})
     for name, tensor in tensors.items():
         stream.write(name, tensor)
@@ -62,7 +63,7 @@ def test_the_metadata_and_the_digest_are_the_files(tmp_path):
 
 
 def test_a_tensor_that_is_not_the_next_slot_is_refused(tmp_path):
-    slots = [TensorSlot("a", torch.float32, (2,)), TensorSlot("b", torch.float32, (2,))]
+    slots = [TensorInfo("a", torch.float32, (2,)), TensorInfo("b", torch.float32, (2,))]
     stream = ShardStream(str(tmp_path / "o.safetensors"), slots, {})
     with pytest.raises(ExportError, match="is not the next tensor"):
         stream.write("b", torch.zeros(2))

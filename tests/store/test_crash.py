@@ -209,20 +209,23 @@ WRITER = textwrap.dedent(
 )
 
 
+def kill_once_writing(script: str, url: str, options: dict | None) -> None:
+    """Run a writer `script` in a process of its own and SIGKILL it once it prints "writing"."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, url, json.dumps(options or {})], stdout=subprocess.PIPE, env=dict(os.environ)
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"writing"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
 def test_sigkilled_writer_leaves_earlier_bundle_intact_and_gc_cleans_up(store_location):
     url, options = store_location
     store = BundleStore(url, options)
     save_sample(store, 1)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", WRITER, url, json.dumps(options or {})],
-        stdout=subprocess.PIPE,
-        env=dict(os.environ),
-    )
-    try:
-        assert proc.stdout.readline().strip() == b"writing"
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
+    kill_once_writing(WRITER, url, options)
     assert store.steps() == [1]
     store.open(1).verify()
     states = {e.step: e.state for e in store.entries()}
@@ -261,14 +264,7 @@ def test_a_sigkilled_reusing_writer_leaves_the_bundle_it_took_from_whole_and_gc_
     with store.begin(1) as txn:
         txn.write_bytes("frozen.bin", b"f" * 100_000)
         txn.commit()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", REUSING_WRITER, url, json.dumps(options or {})], stdout=subprocess.PIPE
-    )
-    try:
-        assert proc.stdout.readline().strip() == b"writing"
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
+    kill_once_writing(REUSING_WRITER, url, options)
     assert store.steps() == [1]
     store.gc()
     assert debris(store) == []

@@ -28,7 +28,6 @@ from rlckpt.export.safetensors_out import (
     INDEX,
     PROVENANCE,
     ExportTarget,
-    TensorSlot,
     WrittenFile,
     index_of,
     iter_names,
@@ -137,7 +136,7 @@ def export_safetensors(
         meta = {"format": "pt", "rlckpt_step": str(bundle.step), "rlckpt_source": bundle.url}
         with tqdm(total=total, unit="B", unit_scale=True, desc="export", disable=not progress, file=sys.stderr) as bar:
             for file_name, shard in iter_names(shards):
-                slots = [TensorSlot(n, out_dtype(by_export[n]), by_export[n].shape) for n in shard]
+                slots = [TensorInfo(n, out_dtype(by_export[n]), by_export[n].shape) for n in shard]
                 stream = target.open_shard(file_name, slots, meta)
                 try:
                     loaded = load_batch(opened, [by_export[n] for n in shard])  # one shard's tensors at a time

@@ -23,6 +23,7 @@ import fsspec
 import torch
 
 from rlckpt.errors import ExportError
+from rlckpt.export.consolidate import TensorInfo
 
 log = logging.getLogger(__name__)
 
@@ -66,23 +67,7 @@ DTYPE_NAMES = {
 }
 
 
-@dataclass(frozen=True)
-class TensorSlot:
-    """One tensor of a safetensors file as its header states it, before its bytes are written."""
-
-    name: str
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        count = 1
-        for dim in self.shape:
-            count *= dim
-        return count * self.dtype.itemsize
-
-
-def header_bytes(slots: list[TensorSlot], metadata: dict[str, str]) -> bytes:
+def header_bytes(slots: list[TensorInfo], metadata: dict[str, str]) -> bytes:
     """The file's start: the header's length (8 bytes, little-endian) and the header, JSON naming each tensor's
     dtype, shape and byte range (in `slots` order, back to back), padded with spaces to 8 bytes."""
     obj: dict[str, Any] = {"__metadata__": dict(metadata)}
@@ -106,7 +91,7 @@ class ShardStream:
     the bundle's `.metadata` before a byte is read), then each tensor's bytes straight from its memory, in the
     header's order, hashed (BLAKE3) as they go. `write(tensor)` refuses one that is not the next slot's."""
 
-    def __init__(self, path: str, slots: list[TensorSlot], metadata: dict[str, str]) -> None:
+    def __init__(self, path: str, slots: list[TensorInfo], metadata: dict[str, str]) -> None:
         self.path = path
         self._slots = list(slots)
         self._next = 0
@@ -199,7 +184,7 @@ class ExportTarget:
                 with contextlib.suppress(Exception):
                     self.fs.rm_file(path)
 
-    def open_shard(self, name: str, slots: list[TensorSlot], metadata: dict[str, str]) -> ShardStream:
+    def open_shard(self, name: str, slots: list[TensorInfo], metadata: dict[str, str]) -> ShardStream:
         """A shard file to stream tensors into (locally: in staging; else a scratch file, uploaded by
         `close_shard`)."""
         folder = self._staging if self._staging is not None else self._scratch
