@@ -11,7 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.policy import destination_names, open_destinations
+from benchmarks.policy import add_rgw_arguments, destination_names, open_destinations
 from rlckpt.bench.args import DEFAULT_OUT_DIR, command_line, csv_list, ends_on_sigterm, float_list, int_list
 from rlckpt.cli._common import add_verbose_argument, configure_logging
 
@@ -59,10 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LIST",
         help="comma list of local, moto, rgw, rgw-proxy (as benchmarks.policy; default local,moto)",
     )
-    p.add_argument("--rgw-endpoint", metavar="URL", default=None, help="S3 endpoint of a Ceph RGW (scripts/rgw.sh)")
-    p.add_argument("--rgw-key", default="testing", metavar="KEY", help="access key for --rgw-endpoint")
-    p.add_argument("--rgw-secret", default="testing", metavar="SECRET", help="secret key for --rgw-endpoint")
-    p.add_argument("--rgw-reclaim", default=None, metavar="COMMAND", help="run after each removal from RGW (untimed)")
+    add_rgw_arguments(p)
     p.add_argument("--repeats", type=int, default=3, metavar="N", help="save+load repetitions per system (default 3)")
     p.add_argument("--scratch-dir", default=None, metavar="DIR", help="where local disk and scratch live")
     p.add_argument(

@@ -13,7 +13,7 @@ import sys
 import tempfile
 from typing import Any
 
-from benchmarks.policy import destination_names, open_destinations
+from benchmarks.policy import add_rgw_arguments, destination_names, open_destinations
 from rlckpt.bench.args import DEFAULT_OUT_DIR, command_line, csv_list, ends_on_sigterm, float_list, int_list
 from rlckpt.cli._common import add_verbose_argument, configure_logging
 
@@ -47,9 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", type=float_list, default=[1024.0, 4096.0], metavar="MIB,...", help="model sizes")
     p.add_argument("--ranks", type=int_list, default=[2, 4], metavar="N,...", help="rank counts that save")
     p.add_argument("--destinations", type=csv_list, default=["local", "moto"], metavar="LIST", help="local, moto, rgw")
-    p.add_argument("--rgw-endpoint", metavar="URL", default=None, help="S3 endpoint of a Ceph RGW (scripts/rgw.sh)")
-    p.add_argument("--rgw-key", default="testing", metavar="KEY", help="access key for --rgw-endpoint")
-    p.add_argument("--rgw-secret", default="testing", metavar="SECRET", help="secret key for --rgw-endpoint")
+    add_rgw_arguments(p, reclaim=False)
     p.add_argument("--scratch-dir", default=None, metavar="DIR", help="where local disk, exports and scratch live")
     p.add_argument("--quick", action="store_true", help="tiny run for a smoke test: 16 MiB, 2 ranks")
     p.add_argument(

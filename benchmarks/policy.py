@@ -155,6 +155,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def add_rgw_arguments(p: argparse.ArgumentParser, reclaim: bool = True) -> None:
+    """--rgw-endpoint, --rgw-key, --rgw-secret (and --rgw-reclaim): how a benchmark reaches a Ceph RGW."""
+    p.add_argument("--rgw-endpoint", metavar="URL", default=None, help="S3 endpoint of a Ceph RGW (scripts/rgw.sh)")
+    p.add_argument("--rgw-key", default="testing", metavar="KEY", help="access key for --rgw-endpoint")
+    p.add_argument("--rgw-secret", default="testing", metavar="SECRET", help="secret key for --rgw-endpoint")
+    if reclaim:
+        p.add_argument(
+            "--rgw-reclaim", default=None, metavar="COMMAND", help="run after each removal from RGW (untimed)"
+        )
+
+
 def destination_names(args: argparse.Namespace, prog: str) -> set[str]:
     """The destinations asked for (--destinations, and rgw implied by --rgw-endpoint); SystemExit on a bad mix."""
     names = set(args.destinations)

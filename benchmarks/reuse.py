@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.policy import destination_names, open_destinations
+from benchmarks.policy import add_rgw_arguments, destination_names, open_destinations
 from rlckpt.bench.args import DEFAULT_OUT_DIR, command_line, csv_list, ends_on_sigterm, int_list
 from rlckpt.cli._common import add_verbose_argument, configure_logging
 
@@ -56,10 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LIST",
         help="comma list of local, moto, rgw (default local,moto)",
     )
-    p.add_argument("--rgw-endpoint", metavar="URL", default=None, help="S3 endpoint of a Ceph RGW (scripts/rgw.sh)")
-    p.add_argument("--rgw-key", default="testing", metavar="KEY", help="access key for --rgw-endpoint")
-    p.add_argument("--rgw-secret", default="testing", metavar="SECRET", help="secret key for --rgw-endpoint")
-    p.add_argument("--rgw-reclaim", default=None, metavar="COMMAND", help="run after each removal from RGW (untimed)")
+    add_rgw_arguments(p)
     p.add_argument("--scratch-dir", default=None, metavar="DIR", help="where local disk and scratch live")
     p.add_argument("--quick", action="store_true", help="tiny run for a smoke test: 16 MiB, 1 rank, 1 save")
     p.add_argument(

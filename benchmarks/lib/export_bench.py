@@ -61,15 +61,19 @@ def export_child(url: str, options: dict[str, Any] | None, out: str) -> dict[str
     return {"seconds": time.perf_counter() - started, "bytes": report.bytes, "files": len(report.files)}
 
 
-def raw_child(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
-    """Every file under policy/ of step 1, read once into one reused buffer: no digest, no torch."""
+def _policy_files(url: str, options: dict[str, Any] | None) -> tuple[Any, str, dict[str, int]]:
+    """(backend, the data root of bundle 1, its policy/ files and their sizes)."""
     from rlckpt.store import BundleStore
 
     store = BundleStore(url, options)
     bundle = store.open(1)
     files = {rel: e.size for rel, e in bundle.manifest.files.items() if rel.startswith("policy/")}
-    backend = store.backend
-    root = backend.bundle_root("step_1", bundle.manifest.txid)
+    return store.backend, store.backend.bundle_root("step_1", bundle.manifest.txid), files
+
+
+def raw_child(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
+    """Every file under policy/ of step 1, read once into one reused buffer: no digest, no torch."""
+    backend, root, files = _policy_files(url, options)
     buffer = bytearray(max(files.values()))
     started = time.perf_counter()
     total = 0
@@ -82,13 +86,7 @@ def raw_child(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
 def copy_child(url: str, options: dict[str, Any] | None, out: str) -> dict[str, Any]:
     """The same files read as `raw_child` reads them, each written to one local file and that file fsynced: the
     floor of any export that writes the bytes it read (no digest, no torch)."""
-    from rlckpt.store import BundleStore
-
-    store = BundleStore(url, options)
-    bundle = store.open(1)
-    files = {rel: e.size for rel, e in bundle.manifest.files.items() if rel.startswith("policy/")}
-    backend = store.backend
-    root = backend.bundle_root("step_1", bundle.manifest.txid)
+    backend, root, files = _policy_files(url, options)
     buffer = bytearray(max(files.values()))
     started = time.perf_counter()
     total = 0
