@@ -4,11 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+RESULTS = BENCHMARKS / "results"
 
 
-def test_results_hold_at_most_30_files():
-    assert len([p for p in RESULTS.iterdir() if p.is_file()]) <= 30
+def test_results_hold_one_result_per_benchmark_at_most():
+    """The current result of each benchmark and nothing older: no more results than there are benchmarks (an
+    earlier figure goes to HISTORY.md, not beside its successor)."""
+    stems = {p.stem for p in RESULTS.iterdir() if p.is_file()} - {"HISTORY"}
+    scripts = [p for p in BENCHMARKS.glob("*.py") if p.name != "__init__.py"]
+    assert len(stems) <= len(scripts)
+
+
+def test_a_result_is_its_json_its_report_and_at_most_one_plot():
+    for path in RESULTS.iterdir():
+        assert path.is_file() and path.suffix in (".json", ".md", ".png"), path.name
 
 
 def test_every_report_but_the_history_has_its_json_beside_it():

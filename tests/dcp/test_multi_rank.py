@@ -120,6 +120,23 @@ def test_a_two_rank_bundle_reshards_to_one_rank_bitwise(ranks):
     assert bitwise_equal(loaded, _full(ranks, "full_A.pt")) == []
 
 
+def test_a_two_rank_bundle_exports_to_safetensors_files_of_whole_tensors_bitwise(ranks, tmp_path):
+    """`rlckpt.export_safetensors` in this one process, no group: each FSDP2 shard pair put back whole, in
+    several files with their index (docs/export.md)."""
+    from safetensors.torch import load_file
+
+    import rlckpt
+
+    rlckpt.export_safetensors(
+        ranks.url, 1, out=str(tmp_path / "out"), storage_options=ranks.options, max_shard_size=4096
+    )
+    files = sorted(p for p in (tmp_path / "out").iterdir() if p.suffix == ".safetensors")
+    assert len(files) > 1 and (tmp_path / "out" / "model.safetensors.index.json").exists()
+    exported = {name: t for path in files for name, t in load_file(path).items()}
+    full = {name: t for name, t in _full(ranks, "full_A.pt").items() if name.startswith("model.")}
+    assert bitwise_equal(exported, full) == []
+
+
 def test_a_two_rank_bundle_loads_with_dcps_own_reader(ranks):
     loaded = _load_one_rank(scenarios.dcp_own_reader(ranks.store, 1, ranks.options))
     assert bitwise_equal(loaded, _full(ranks, "full_A.pt")) == []

@@ -27,19 +27,26 @@ def test_in_order_resume_from_s3_with_an_empty_staging_dir_is_exact(
 ):
     """Bundle 4 of the uninterrupted run, taken while it trained on (rollouts in flight) and copied to S3 as
     the same bundle (`rlckpt copy`'s way), is all a fresh cluster with an empty staging dir gets: resumed
-    from S3 it ends where the uninterrupted run ended. (Runs that save to S3 themselves are in
-    test_preemption.py and test_signed_two_tiers.py.)"""
+    from S3, saving with both ways to write fewer bytes on (issue 40: reuse of unchanged files, byte-plane
+    compression), it ends where the uninterrupted run without them ended, and what it saved verifies. (Runs
+    that save to S3 from their start are in test_preemption.py and test_signed_two_tiers.py.)"""
     options = json.dumps(s3_storage_options)
     copy_bundle(BundleStore(straight_run["run_dir"]), 4, BundleStore(s3_run_url, s3_storage_options))
     staging = tmp_path / "fresh-machine-staging"
     staging.mkdir()
+    fewer_bytes = ("--reuse-unchanged", "--compress-policy", "on")
     second = run_train(
-        s3_run_url, 8, "--storage-options", options, "--staging-dir", str(staging), ray_address=shared_ray
+        s3_run_url, 8, "--storage-options", options, "--staging-dir", str(staging), *fewer_bytes, ray_address=shared_ray
     )
     assert second["resumed_from"] == 4
     assert second["policy_sha256"] == straight_run["policy_sha256"]
     assert second["trained_draws"] == straight_run["trained_draws"][len(straight_run["trained_draws"]) // 2 :]
-    assert BundleStore(s3_run_url, s3_storage_options).steps() == [4, 6, 8]
+    store = BundleStore(s3_run_url, s3_storage_options)
+    assert store.steps() == [4, 6, 8]
+    for step in (6, 8):
+        store.open(step).verify()
+    shards = {e.compression for rel, e in store.open(8).manifest.files.items() if rel.endswith(".distcp")}
+    assert "zstd-planes4" in shards
 
 
 def test_a_corrupt_newest_bundle_is_skipped_loudly_and_the_run_still_ends_exact(straight_run, tmp_path, shared_ray):
@@ -62,23 +69,6 @@ def test_a_corrupt_newest_bundle_is_skipped_loudly_and_the_run_still_ends_exact(
     assert resumed["trained_draws"] == straight_run["trained_draws"][-len(resumed["trained_draws"]) :]
     assert len(resumed["trained_draws"]) == len(straight_run["trained_draws"]) // 4  # steps 7 and 8 of 8
     assert resumed["bundles"] == [2, 4, 6, 8]  # step 8 saved anew; the corrupt one kept in _quarantine/
-
-
-def test_a_run_saving_with_reuse_and_compression_on_resumes_exact(straight_run, tmp_path, shared_ray):
-    """Both ways to write fewer bytes on (issue 40): the run stopped at 4 and resumed to 8 ends where the
-    uninterrupted run without them ended, and every bundle it saved verifies."""
-    run_dir = str(tmp_path / "run")
-    options = ("--reuse-unchanged", "--compress-policy", "on")
-    first = run_train(run_dir, 4, *options, ray_address=shared_ray)
-    second = run_train(run_dir, 8, *options, ray_address=shared_ray)
-    assert second["resumed_from"] == 4
-    assert second["policy_sha256"] == straight_run["policy_sha256"]
-    assert first["trained_draws"] + second["trained_draws"] == straight_run["trained_draws"]
-    store = BundleStore(run_dir)
-    for step in store.steps():
-        store.open(step).verify()
-    shards = {e.compression for rel, e in store.open(8).manifest.files.items() if rel.endswith(".distcp")}
-    assert shards & {"zstd-planes4"}
 
 
 def test_async_restart_loses_no_prompt_and_trains_none_twice(tmp_path, shared_ray):

@@ -1,6 +1,7 @@
 """`rlckpt.export_safetensors` and `rlckpt.load_state`: a bundle's DCP piece out as whole tensors, in one process,
-bit-identical to the gathered state; the Hugging Face layout; a transaction of its own; bad input exports nothing.
-Bundles on local disk and S3, exports to local disk (and S3 where named)."""
+bit-identical to the gathered state (a two-rank FSDP2 bundle: tests/dcp/test_multi_rank.py); the Hugging Face
+layout; a transaction of its own; bad input exports nothing. Bundles on local disk and S3, exports to local disk
+(and S3 where named)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from rlckpt.dcp import BundleStorageWriter
 from rlckpt.errors import CorruptBundleError, ExportError, UncommittedBundleError, UnsignedBundleError
 from rlckpt.export import safetensors_out
 from rlckpt.store import BundleStore, SigningKey
-from support import dcp_reuse_ranks as two_ranks
 from support.dcp_ranks import (
     bitwise_equal,
     flat_tensors,
@@ -26,7 +26,6 @@ from support.dcp_ranks import (
     plain_policy,
     policy_state,
     quiet_dcp_warnings,
-    run_ranks,
     train_step,
 )
 from support.store_checks import corrupt_file
@@ -86,16 +85,6 @@ def test_load_state_gives_back_the_flat_consolidated_state_in_one_process(store)
     loaded = rlckpt.load_state(store.url, storage_options=store.storage_options or None)
     assert bitwise_equal(loaded, state) == []
     assert bitwise_equal(rlckpt.load_state(store, only=["model"]), model_part(state)) == []
-
-
-def test_a_policy_saved_by_two_fsdp2_ranks_exports_whole_tensors_bit_identical(tmp_path):
-    spec = two_ranks.ReuseSpec(str(tmp_path / "run"), None, str(tmp_path))
-    run_ranks(two_ranks.save_twice, 2, spec, timeout=240)
-    full = flat_tensors(torch.load(tmp_path / "full_2.pt", weights_only=True))
-    rlckpt.export_safetensors(spec.url, out=str(tmp_path / "out"), max_shard_size=3_000_000)
-    files = sorted(os.listdir(tmp_path / "out"))
-    assert "model.safetensors.index.json" in files and len([f for f in files if f.endswith(".safetensors")]) > 1
-    assert bitwise_equal(exported(tmp_path / "out"), model_part(full)) == []
 
 
 def test_more_than_one_shard_comes_with_a_hugging_face_index(store, tmp_path):
