@@ -115,6 +115,7 @@ def reuse_rank(rank: int, world_size: int, port: int, job: ReuseJob) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
+    from benchmarks.lib.policy import _reclaim, _zero  # the policy benchmark's: a reclaim is logged, never raised
     from rlckpt.dcp import BundleStorageReader
     from rlckpt.store import BundleStore
     from support.dcp_ranks import bitwise_equal, flat_tensors, policy_state, process_group, quiet_dcp_warnings
@@ -173,8 +174,7 @@ def reuse_rank(rank: int, world_size: int, port: int, job: ReuseJob) -> None:
                 expected = {k: v.clone() for k, v in flat_tensors(policy_state(model, optim)).items()}
             for system in SYSTEMS:  # the last save of each system, loaded into a zeroed state, bit for bit
                 into = policy_state(model, optim)  # the live tensors: zeroed, then loaded into
-                for value in _tensors(into):
-                    value.zero_()
+                _zero(into)
                 dcp.load(into, storage_reader=BundleStorageReader(stores[system], step=step))
                 bad = torch.tensor([0 if bitwise_equal(flat_tensors(into), expected) == [] else 1])
                 dist.all_reduce(bad)
@@ -184,12 +184,6 @@ def reuse_rank(rank: int, world_size: int, port: int, job: ReuseJob) -> None:
     if rank == 0:
         with open(job.out_path, "w") as out:
             json.dump(records, out)
-
-
-def _reclaim(command: str) -> None:
-    from benchmarks.lib.policy import _reclaim as reclaim  # the policy benchmark's: logged, never raised
-
-    reclaim(command)
 
 
 def _timed_save(store: Any, step: int, reuse: bool, model: Any, optim: Any, thread_count: int) -> tuple[float, float]:
@@ -210,26 +204,3 @@ def _timed_save(store: Any, step: int, reuse: bool, model: Any, optim: Any, thre
     dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
     dist.all_reduce(cpu_s)
     return float(seconds.item()), float(cpu_s.item())
-
-
-def _tensors(state: Any) -> list[Any]:
-    """Every local tensor of a DCP state (a DTensor's local shard), to zero before a load."""
-    import torch
-    from torch.distributed.tensor import DTensor
-
-    found: list[Any] = []
-
-    def walk(value: Any) -> None:
-        if isinstance(value, DTensor):
-            found.append(value.to_local())
-        elif isinstance(value, torch.Tensor):
-            found.append(value)
-        elif isinstance(value, dict):
-            for item in value.values():
-                walk(item)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                walk(item)
-
-    walk(state)
-    return found

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,10 +52,6 @@ class Piece:
     prefix: str
     tensors: list[TensorInfo]
     others: list[str]
-
-    @property
-    def step(self) -> int:
-        return self.bundle.step
 
 
 def open_bundle(
@@ -126,20 +122,6 @@ def default_only(tensors: Sequence[TensorInfo]) -> list[str] | None:
     return sorted(found) or None
 
 
-def batches(tensors: Sequence[TensorInfo], budget: int) -> list[list[TensorInfo]]:
-    """The tensors in order, cut into runs of at most `budget` bytes (a larger tensor alone)."""
-    out: list[list[TensorInfo]] = []
-    size = 0
-    for tensor in tensors:
-        if out and size + tensor.nbytes <= budget:
-            out[-1].append(tensor)
-            size += tensor.nbytes
-        else:
-            out.append([tensor])
-            size = tensor.nbytes
-    return out
-
-
 def load_batch(piece: Piece, batch: Sequence[TensorInfo]) -> dict[str, torch.Tensor]:
     """The tensors of `batch`, each whole, read from the piece's shard files (digest-checked as fetched). What
     stopped the read (CorruptBundleError naming the file, StoreUnavailableError, ...) is raised as itself, not
@@ -166,19 +148,6 @@ def _cause(exc: CheckpointException) -> BaseException | None:
     found = failures[min(failures)]
     found = found[0] if isinstance(found, tuple) else found
     return found if isinstance(found, BaseException) else None
-
-
-def iter_batches(
-    piece: Piece,
-    groups: Sequence[Sequence[TensorInfo]],
-    on_loaded: Callable[[int], None] | None = None,
-) -> Iterator[dict[str, torch.Tensor]]:
-    """Each group's tensors, loaded one group at a time (the previous one released by the caller)."""
-    for group in groups:
-        loaded = load_batch(piece, group)
-        if on_loaded is not None:
-            on_loaded(sum(t.nbytes for t in group))
-        yield loaded
 
 
 def cast(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:

@@ -138,7 +138,7 @@ class ExportTarget:
         self.out = out
         self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
         self.overwrite = overwrite
-        self._scratch = tempfile.mkdtemp(prefix="rlckpt-export-")
+        self._scratch: str | None = None  # an object store's shards are written here, then uploaded
         self._staging: str | None = None
         self._written: list[str] = []
         self._published = False
@@ -148,6 +148,8 @@ class ExportTarget:
             os.makedirs(parent, exist_ok=True)
             self._staging = os.path.join(parent, f".{name}.rlckpt-export-{uuid.uuid4().hex[:12]}")
             os.mkdir(self._staging)
+        else:
+            self._scratch = tempfile.mkdtemp(prefix="rlckpt-export-")
 
     def _existing(self) -> list[str]:
         if self.local:
@@ -174,7 +176,8 @@ class ExportTarget:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        shutil.rmtree(self._scratch, ignore_errors=True)
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
         if self._published:
             return
         if self._staging is not None:
@@ -188,6 +191,7 @@ class ExportTarget:
         """A shard file to stream tensors into (locally: in staging; else a scratch file, uploaded by
         `close_shard`)."""
         folder = self._staging if self._staging is not None else self._scratch
+        assert folder is not None
         return ShardStream(os.path.join(folder, name), slots, metadata)
 
     def close_shard(self, stream: ShardStream) -> WrittenFile:
