@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import torch
 from tqdm import tqdm
 
 from rlckpt.export.consolidate import (
@@ -113,15 +112,13 @@ def export_safetensors(
         kept = [t for t in chosen if t.name in names]
         by_export = {names[t.name]: t for t in kept}
 
-        def out_dtype(info: TensorInfo) -> torch.dtype:
-            return cast_to if cast_to is not None and info.dtype.is_floating_point else info.dtype
-
-        def out_bytes(name: str) -> int:
-            info = by_export[name]
-            return info.nbytes // info.dtype.itemsize * out_dtype(info).itemsize
-
-        shards = plan_shards([(n, out_bytes(n)) for n in by_export], max_shard_size) if kept else []
-        total = sum(out_bytes(n) for n in by_export)
+        # each tensor as it will be written: its export name and the dtype it is cast to
+        slots = {
+            n: TensorInfo(n, cast_to if cast_to is not None and t.dtype.is_floating_point else t.dtype, t.shape)
+            for n, t in by_export.items()
+        }
+        shards = plan_shards([(n, slot.nbytes) for n, slot in slots.items()], max_shard_size) if kept else []
+        total = sum(slot.nbytes for slot in slots.values())
         report = ExportReport(
             source=bundle.url,
             step=bundle.step,
@@ -136,8 +133,7 @@ def export_safetensors(
         meta = {"format": "pt", "rlckpt_step": str(bundle.step), "rlckpt_source": bundle.url}
         with tqdm(total=total, unit="B", unit_scale=True, desc="export", disable=not progress, file=sys.stderr) as bar:
             for file_name, shard in iter_names(shards):
-                slots = [TensorInfo(n, out_dtype(by_export[n]), by_export[n].shape) for n in shard]
-                stream = target.open_shard(file_name, slots, meta)
+                stream = target.open_shard(file_name, [slots[n] for n in shard], meta)
                 try:
                     loaded = load_batch(opened, [by_export[n] for n in shard])  # one shard's tensors at a time
                     for n in shard:
